@@ -1,0 +1,16 @@
+//! geogate: live GPS telemetry in over MQTT, shift-change bursts shed by a
+//! rate gate, every admitted fix evaluated against geofences.
+//!
+//! Layout, following the data flow in `ARCHITECTURE.md`:
+//!
+//! * [`clock`]: integer-nanosecond time, monotonic or manual;
+//! * [`model`]: telemetry, ids and priority;
+//! * [`admission`]: the gates (token bucket, leaky meter and shaper, fixed
+//!   window) and the watermark policy in front of each shard queue;
+//! * [`geofence`]: GeoJSON fences, the R-tree index and exact containment,
+//!   and the per-vehicle enter/exit evaluator.
+
+pub mod admission;
+pub mod clock;
+pub mod geofence;
+pub mod model;

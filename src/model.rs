@@ -1,0 +1,43 @@
+//! The nouns every module shares.
+
+use serde::Serialize;
+use std::sync::Arc;
+
+/// A vehicle's id as it appears on the wire; shared, because one id is held
+/// by the router, the evaluator state and every event it emits.
+pub type VehicleId = Arc<str>;
+
+/// A fence's stable id from its GeoJSON feature.
+pub type FenceId = Arc<str>;
+
+/// Whether an event may be shed above the watermark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    /// An idle ping: may be shed by the gate under load.
+    Low,
+    /// Anything else: never shed, waits for room instead.
+    High,
+}
+
+impl Priority {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Priority::Low => "low",
+            Priority::High => "high",
+        }
+    }
+}
+
+/// One decoded position report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Telemetry {
+    pub vehicle: VehicleId,
+    /// Fix time from the device, unix milliseconds. Data, never a gate clock.
+    pub fix_time_ms: i64,
+    pub lat: f64,
+    pub lon: f64,
+    pub speed_kmh: Option<f64>,
+    pub kind: Option<String>,
+    pub priority: Priority,
+}
