@@ -12,5 +12,7 @@
 
 pub mod admission;
 pub mod clock;
+pub mod codec;
+pub mod eval;
 pub mod geofence;
 pub mod model;

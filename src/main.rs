@@ -1,7 +1,15 @@
-//! The `geogate` command line: argument parsing and exit codes only; every
-//! command's work lives in the library.
+//! The `geogate` command line: argument parsing, output format and exit
+//! codes only; every command's work lives in the library.
 
-use clap::{Parser, Subcommand};
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use geogate::eval::evaluate_positions;
+use geogate::geofence::{EvaluatorSettings, FenceIndex, load_fences, summarize};
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
 
 #[derive(Parser)]
 #[command(
@@ -14,10 +22,163 @@ struct Cli {
     command: Command,
 }
 
-#[derive(Subcommand)]
-enum Command {}
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+}
 
-fn main() -> anyhow::Result<()> {
+#[derive(Subcommand)]
+enum Command {
+    /// Validate a GeoJSON fence file and summarise it.
+    #[command(subcommand)]
+    Fences(FencesCommand),
+    /// Evaluate a file of positions (native NDJSON) against fences offline.
+    Eval {
+        #[arg(long)]
+        fences: PathBuf,
+        #[arg(long)]
+        input: PathBuf,
+        /// Where to write transitions as NDJSON (default: discard).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Global hysteresis in metres (fences may override).
+        #[arg(long, default_value_t = 0.0)]
+        hysteresis_m: f64,
+        /// Global dwell in seconds (fences may override).
+        #[arg(long, default_value_t = 0.0)]
+        dwell_s: f64,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+    },
+}
+
+#[derive(Subcommand)]
+enum FencesCommand {
+    /// Report every invalid feature at once, or a summary of a valid file.
+    Check {
+        file: PathBuf,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+    },
+}
+
+fn main() -> Result<ExitCode> {
     let cli = Cli::parse();
-    match cli.command {}
+    match cli.command {
+        Command::Fences(FencesCommand::Check { file, format }) => fences_check(file, format),
+        Command::Eval {
+            fences,
+            input,
+            out,
+            hysteresis_m,
+            dwell_s,
+            format,
+        } => eval(
+            fences,
+            input,
+            out,
+            EvaluatorSettings {
+                hysteresis_m,
+                dwell_s,
+                ..Default::default()
+            },
+            format,
+        ),
+    }
+}
+
+fn print_json(value: &impl serde::Serialize) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+fn fences_check(file: PathBuf, format: Format) -> Result<ExitCode> {
+    match load_fences(&file) {
+        Ok(fences) => {
+            let summary = summarize(&fences);
+            match format {
+                Format::Json => {
+                    print_json(&serde_json::json!({ "valid": true, "summary": summary }))?
+                }
+                Format::Text => {
+                    println!(
+                        "{}: {} fences ({} polygons, {} circles), {} vertices",
+                        file.display(),
+                        summary.fences,
+                        summary.polygons,
+                        summary.circles,
+                        summary.vertices
+                    );
+                    match summary.bbox {
+                        Some([a, b, c, d]) => println!("bounding box: lon {a}..{c}, lat {b}..{d}"),
+                        None => println!("bounding box: none (no fences)"),
+                    }
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(errors) => {
+            match format {
+                Format::Json => {
+                    print_json(&serde_json::json!({ "valid": false, "errors": errors.0 }))?
+                }
+                Format::Text => eprintln!("{}: {errors}", file.display()),
+            }
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+fn eval(
+    fences: PathBuf,
+    input: PathBuf,
+    out: Option<PathBuf>,
+    settings: EvaluatorSettings,
+    format: Format,
+) -> Result<ExitCode> {
+    let fences = match load_fences(&fences) {
+        Ok(f) => f,
+        Err(errors) => {
+            eprintln!("{}: {errors}", fences.display());
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let index = Arc::new(FenceIndex::new(fences));
+    let reader =
+        BufReader::new(File::open(&input).with_context(|| format!("opening {}", input.display()))?);
+    let writer: Box<dyn Write> = match &out {
+        Some(path) => Box::new(BufWriter::new(
+            File::create(path).with_context(|| format!("creating {}", path.display()))?,
+        )),
+        None => Box::new(std::io::sink()),
+    };
+    let report = evaluate_positions(index, settings, reader, writer)?;
+    match format {
+        Format::Json => print_json(&report)?,
+        Format::Text => {
+            for s in &report.skipped_lines {
+                eprintln!(
+                    "{}:{}: skipped ({}): {}",
+                    input.display(),
+                    s.line,
+                    s.reason,
+                    s.detail
+                );
+            }
+            println!(
+                "{} lines, {} evaluated, {} out of order, {} skipped, {} transitions",
+                report.lines,
+                report.evaluated,
+                report.out_of_order,
+                report.skipped,
+                report.transitions
+            );
+            println!("{:<32} {:>8} {:>8}", "fence", "enter", "exit");
+            for (fence, c) in &report.per_fence {
+                println!("{fence:<32} {:>8} {:>8}", c.enter, c.exit);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,1 +1,19 @@
+//! Geofences: GeoJSON loading ([`fences`]), exact geometry ([`ring`],
+//! [`shape`]), the R-tree ([`index`]) and per-vehicle enter/exit state
+//! ([`evaluator`]).
+//!
+//! Containment counts the boundary as inside, for polygons, holes and
+//! circles alike: a vehicle parked on the gate line is at the depot.
 
+pub mod evaluator;
+pub mod fences;
+pub mod generate;
+pub mod index;
+pub mod ring;
+pub mod shape;
+
+pub use evaluator::{Evaluator, EvaluatorSettings, EvaluatorStats, Transition, TransitionKind};
+pub use fences::{
+    Fence, FenceDefect, FenceErrors, FenceSummary, load_fences, parse_fences, summarize,
+};
+pub use index::{FenceIdx, FenceIndex};

@@ -1,0 +1,94 @@
+//! Points per second through the R-tree at 1k, 10k and 100k fences (seeded
+//! city blocks of 8–64 vertices, holes, MultiPolygons, circles, plus three
+//! 10k-vertex polygons), against the linear scan at 1k and 10k.
+//!
+//! Each run also exports its data to `target/geofence-bench/<n>/` so that
+//! `benches/peers/shapely_strtree.py` can query the identical fences and
+//! points with Shapely 2 in the same session.
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use geo::Coord;
+use geogate::geofence::FenceIndex;
+use geogate::geofence::generate::{SplitMix64, random_fences, to_geojson};
+use std::hint::black_box;
+use std::io::Write;
+use std::path::PathBuf;
+
+const POINTS: usize = 10_000;
+
+/// How many 10k-vertex polygons to mix in (`GEOGATE_BENCH_BIG`, default 3),
+/// so their share of the cost can be measured by setting it to 0.
+fn big_polygons() -> usize {
+    std::env::var("GEOGATE_BENCH_BIG")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+}
+
+fn export(n: usize, index: &FenceIndex, points: &[Coord<f64>]) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("target/geofence-bench/{n}"));
+    let written = std::fs::create_dir_all(&dir).and_then(|_| {
+        std::fs::write(
+            dir.join("fences.geojson"),
+            to_geojson(index.fences()).to_string(),
+        )?;
+        let mut f = std::io::BufWriter::new(std::fs::File::create(dir.join("points.f64"))?);
+        for p in points {
+            f.write_all(&p.x.to_le_bytes())?;
+            f.write_all(&p.y.to_le_bytes())?;
+        }
+        f.flush()
+    });
+    if let Err(e) = written {
+        eprintln!("could not export bench data to {}: {e}", dir.display());
+    }
+}
+
+fn evaluation(c: &mut Criterion) {
+    let mut group = c.benchmark_group("containment");
+    group.throughput(Throughput::Elements(POINTS as u64));
+    for n in [1_000, 10_000, 100_000] {
+        let (fences, area) = random_fences(n as u64, n, big_polygons(), 10_000);
+        let index = FenceIndex::new(fences);
+        let mut rng = SplitMix64::new(1);
+        let points: Vec<Coord<f64>> = (0..POINTS).map(|_| area.random_point(&mut rng)).collect();
+        export(n, &index, &points);
+        let mut out = Vec::new();
+        let hits = points
+            .iter()
+            .filter(|p| {
+                index.containing(**p, &mut out);
+                !out.is_empty()
+            })
+            .count();
+        eprintln!("{n} fences: {hits} of {POINTS} points hit at least one fence");
+        group.bench_with_input(BenchmarkId::new("rtree", n), &points, |b, points| {
+            let mut out = Vec::with_capacity(16);
+            b.iter(|| {
+                let mut found = 0;
+                for p in points {
+                    index.containing(black_box(*p), &mut out);
+                    found += out.len();
+                }
+                found
+            })
+        });
+        if n <= 10_000 {
+            group.bench_with_input(BenchmarkId::new("linear_scan", n), &points, |b, points| {
+                let mut out = Vec::with_capacity(16);
+                b.iter(|| {
+                    let mut found = 0;
+                    for p in &points[..POINTS / 10] {
+                        index.containing_linear(black_box(*p), &mut out);
+                        found += out.len();
+                    }
+                    found * 10
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, evaluation);
+criterion_main!(benches);

@@ -1,0 +1,312 @@
+//! Bytes and topic → [`Telemetry`], or a [`DecodeError`] with a bounded
+//! reason.
+//!
+//! Formats, tried in this order on a single parse:
+//! 1. **native**: `{"vehicle", "ts" (unix ms), "lat", "lon", "speed_kmh"?, "kind"?}`;
+//! 2. **OwnTracks** location: `{"_type": "location", "lat", "lon", "tst" (s),
+//!    "vel"? (km/h), "t"? (trigger)}`, the vehicle named by the topic.
+//!
+//! The size cap is checked before any parsing. Priority is `Low` for an
+//! OwnTracks `t = "p"`, a native kind in `ping_kinds`, or a speed below
+//! `idle_speed_kmh`; everything else is `High`.
+
+pub mod dedup;
+pub mod error;
+pub mod loose;
+pub mod topic;
+
+pub use dedup::Dedup;
+pub use error::{DecodeError, Reason};
+pub use topic::TopicPattern;
+
+use crate::model::{Priority, Telemetry};
+use loose::Loose;
+use serde::{Deserialize, Serialize};
+
+/// Fix times outside [2000-01-01, 2100-01-01) are refused as out of range:
+/// fixed bounds (not "now ± x") keep replays deterministic.
+pub const MIN_FIX_MS: i64 = 946_684_800_000;
+pub const MAX_FIX_MS: i64 = 4_102_444_800_000;
+/// Longest vehicle id accepted, in bytes.
+pub const MAX_VEHICLE_LEN: usize = 128;
+
+/// How payloads are read and prioritised; the `[codec]` config table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CodecSettings {
+    /// Payloads larger than this are refused before parsing.
+    pub max_payload_bytes: usize,
+    /// Below this speed a fix is an idle ping (Low priority).
+    pub idle_speed_kmh: f64,
+    /// Native `kind` values that mark an idle ping.
+    pub ping_kinds: Vec<String>,
+    /// Every native `kind` accepted; others are `out_of_range`.
+    pub known_kinds: Vec<String>,
+    /// Topic patterns naming the vehicle for formats that carry no id.
+    pub topic_patterns: Vec<TopicPattern>,
+    /// How many recent (vehicle, fix time) pairs the dedup remembers.
+    pub dedup_window: usize,
+}
+
+impl Default for CodecSettings {
+    fn default() -> Self {
+        Self {
+            max_payload_bytes: 16 * 1024,
+            idle_speed_kmh: 2.0,
+            ping_kinds: vec!["ping".into()],
+            known_kinds: ["ping", "move", "stop", "start", "alarm", "ignition"]
+                .map(String::from)
+                .to_vec(),
+            topic_patterns: ["owntracks/{user}/{device}", "fleet/{vehicle}/telemetry"]
+                .map(|p| TopicPattern::try_from(p.to_owned()).expect("built-in pattern is valid"))
+                .to_vec(),
+            dedup_window: 65_536,
+        }
+    }
+}
+
+/// Every field either format may carry, read in one pass.
+#[derive(Deserialize, Default)]
+struct Wire<'a> {
+    #[serde(borrow)]
+    vehicle: Option<Loose<'a>>,
+    #[serde(borrow)]
+    ts: Option<Loose<'a>>,
+    #[serde(borrow)]
+    lat: Option<Loose<'a>>,
+    #[serde(borrow)]
+    lon: Option<Loose<'a>>,
+    #[serde(borrow)]
+    speed_kmh: Option<Loose<'a>>,
+    #[serde(borrow)]
+    kind: Option<Loose<'a>>,
+    #[serde(borrow, rename = "_type")]
+    owntracks_type: Option<Loose<'a>>,
+    #[serde(borrow)]
+    tst: Option<Loose<'a>>,
+    #[serde(borrow)]
+    vel: Option<Loose<'a>>,
+    #[serde(borrow)]
+    t: Option<Loose<'a>>,
+}
+
+/// Decodes one MQTT message.
+pub fn decode(
+    topic: &str,
+    payload: &[u8],
+    settings: &CodecSettings,
+) -> Result<Telemetry, DecodeError> {
+    if payload.len() > settings.max_payload_bytes {
+        return Err(DecodeError::new(
+            Reason::Oversize,
+            format!(
+                "{} bytes exceeds max_payload_bytes = {}",
+                payload.len(),
+                settings.max_payload_bytes
+            ),
+        ));
+    }
+    let wire: Wire = serde_json::from_slice(payload)
+        .map_err(|e| DecodeError::new(Reason::MalformedJson, e.to_string()))?;
+    if wire.vehicle.is_some() {
+        native(wire, settings)
+    } else {
+        match &wire.owntracks_type {
+            Some(Loose::Str(t)) if t == "location" => owntracks(topic, wire, settings),
+            Some(other) => Err(DecodeError::new(
+                Reason::UnknownFormat,
+                format!("_type {other:?} is not an OwnTracks location"),
+            )),
+            None => Err(DecodeError::new(
+                Reason::UnknownFormat,
+                "neither native (has \"vehicle\") nor OwnTracks (has \"_type\": \"location\")",
+            )),
+        }
+    }
+}
+
+fn native(wire: Wire, settings: &CodecSettings) -> Result<Telemetry, DecodeError> {
+    let vehicle = vehicle_id(string(wire.vehicle, "vehicle")?)?;
+    let fix_time_ms = fix_time(integer(wire.ts, "ts")?, "ts")?;
+    let (lat, lon) = position(wire.lat, wire.lon)?;
+    let speed_kmh = optional_number(wire.speed_kmh, "speed_kmh")?;
+    let kind = match wire.kind {
+        None | Some(Loose::Null) => None,
+        some => {
+            let kind = string(some, "kind")?;
+            if !settings.known_kinds.contains(&kind) {
+                return Err(DecodeError::new(
+                    Reason::OutOfRange,
+                    format!("kind {kind:?} is not one of {:?}", settings.known_kinds),
+                ));
+            }
+            Some(kind)
+        }
+    };
+    let is_ping = kind
+        .as_ref()
+        .is_some_and(|k| settings.ping_kinds.contains(k));
+    let priority = priority(is_ping, speed_kmh, settings);
+    Ok(Telemetry {
+        vehicle: vehicle.into(),
+        fix_time_ms,
+        lat,
+        lon,
+        speed_kmh,
+        kind,
+        priority,
+    })
+}
+
+fn owntracks(topic: &str, wire: Wire, settings: &CodecSettings) -> Result<Telemetry, DecodeError> {
+    let vehicle = settings
+        .topic_patterns
+        .iter()
+        .find_map(|p| p.vehicle(topic))
+        .ok_or_else(|| {
+            DecodeError::new(
+                Reason::MissingField,
+                format!("vehicle: topic {topic:?} matches no topic pattern"),
+            )
+        })?;
+    let vehicle = vehicle_id(vehicle)?;
+    let tst = integer(wire.tst, "tst")?;
+    let fix_time_ms = fix_time(tst.checked_mul(1000).unwrap_or(i64::MAX), "tst")?;
+    let (lat, lon) = position(wire.lat, wire.lon)?;
+    let speed_kmh = optional_number(wire.vel, "vel")?;
+    let trigger = match wire.t {
+        None | Some(Loose::Null) => None,
+        some => Some(string(some, "t")?),
+    };
+    let is_ping = trigger.as_deref() == Some("p");
+    let priority = priority(is_ping, speed_kmh, settings);
+    Ok(Telemetry {
+        vehicle: vehicle.into(),
+        fix_time_ms,
+        lat,
+        lon,
+        speed_kmh,
+        kind: trigger.map(|t| format!("owntracks:{t}")),
+        priority,
+    })
+}
+
+fn priority(is_ping: bool, speed_kmh: Option<f64>, settings: &CodecSettings) -> Priority {
+    if is_ping || speed_kmh.is_some_and(|s| s < settings.idle_speed_kmh) {
+        Priority::Low
+    } else {
+        Priority::High
+    }
+}
+
+fn missing(field: &str) -> DecodeError {
+    DecodeError::new(Reason::MissingField, format!("{field} is required"))
+}
+
+fn wrong_type(field: &str, expected: &str, got: &Loose) -> DecodeError {
+    DecodeError::new(
+        Reason::WrongType,
+        format!("{field}: expected {expected}, got {}", got.type_name()),
+    )
+}
+
+fn string(value: Option<Loose>, field: &str) -> Result<String, DecodeError> {
+    match value {
+        None | Some(Loose::Null) => Err(missing(field)),
+        Some(Loose::Str(s)) => Ok(s.into_owned()),
+        Some(other) => Err(wrong_type(field, "a string", &other)),
+    }
+}
+
+fn vehicle_id(id: String) -> Result<String, DecodeError> {
+    if id.is_empty() || id.len() > MAX_VEHICLE_LEN {
+        return Err(DecodeError::new(
+            Reason::OutOfRange,
+            format!(
+                "vehicle id must be 1..={MAX_VEHICLE_LEN} bytes, got {}",
+                id.len()
+            ),
+        ));
+    }
+    Ok(id)
+}
+
+/// A number, where the strings "NaN" and "±Infinity" (how some encoders
+/// smuggle non-finite floats into JSON) are reported as non-finite.
+fn number(value: Option<Loose>, field: &str) -> Result<f64, DecodeError> {
+    match value {
+        None | Some(Loose::Null) => Err(missing(field)),
+        Some(Loose::Int(i)) => Ok(i as f64),
+        Some(Loose::Float(f)) if f.is_finite() => Ok(f),
+        Some(Loose::Float(_)) => Err(DecodeError::new(
+            Reason::NonFinite,
+            format!("{field} is not finite"),
+        )),
+        Some(Loose::Str(s)) if s.parse::<f64>().is_ok_and(|f| !f.is_finite()) => Err(
+            DecodeError::new(Reason::NonFinite, format!("{field} is {s:?}")),
+        ),
+        Some(other) => Err(wrong_type(field, "a number", &other)),
+    }
+}
+
+fn optional_number(value: Option<Loose>, field: &str) -> Result<Option<f64>, DecodeError> {
+    match value {
+        None | Some(Loose::Null) => Ok(None),
+        some => {
+            let v = number(some, field)?;
+            if v < 0.0 {
+                return Err(DecodeError::new(
+                    Reason::OutOfRange,
+                    format!("{field} = {v} is negative"),
+                ));
+            }
+            Ok(Some(v))
+        }
+    }
+}
+
+fn integer(value: Option<Loose>, field: &str) -> Result<i64, DecodeError> {
+    match value {
+        Some(Loose::Int(i)) => Ok(i),
+        Some(Loose::Float(f)) if f.is_finite() && f.fract() == 0.0 && f.abs() < 9.0e15 => {
+            Ok(f as i64)
+        }
+        Some(Loose::Float(f)) if f.is_finite() && f.abs() >= 9.0e15 => Err(DecodeError::new(
+            Reason::OutOfRange,
+            format!("{field} = {f} is out of range"),
+        )),
+        Some(Loose::Float(f)) if f.is_finite() => Err(DecodeError::new(
+            Reason::WrongType,
+            format!("{field}: expected an integer, got {f}"),
+        )),
+        other => number(other, field).and_then(|_| Err(missing(field))),
+    }
+}
+
+fn fix_time(ms: i64, field: &str) -> Result<i64, DecodeError> {
+    if (MIN_FIX_MS..MAX_FIX_MS).contains(&ms) {
+        Ok(ms)
+    } else {
+        Err(DecodeError::new(
+            Reason::OutOfRange,
+            format!("{field} = {ms} ms is outside 2000-01-01..2100-01-01"),
+        ))
+    }
+}
+
+fn position(lat: Option<Loose>, lon: Option<Loose>) -> Result<(f64, f64), DecodeError> {
+    let (lat, lon) = (number(lat, "lat")?, number(lon, "lon")?);
+    if !(-90.0..=90.0).contains(&lat) {
+        return Err(DecodeError::new(
+            Reason::OutOfRange,
+            format!("lat = {lat} is outside [-90, 90]"),
+        ));
+    }
+    if !(-180.0..=180.0).contains(&lon) {
+        return Err(DecodeError::new(
+            Reason::OutOfRange,
+            format!("lon = {lon} is outside [-180, 180]"),
+        ));
+    }
+    Ok((lat, lon))
+}

@@ -1,0 +1,260 @@
+//! Per-vehicle membership and the enter/exit events it implies.
+//!
+//! For each fix the evaluator computes the covering fences, then emits every
+//! `Exit` before any `Enter` (a vehicle crossing from one fence into its
+//! neighbour leaves first), each group in fence-file order.
+//!
+//! Jitter suppression, per fence or global:
+//! * **hysteresis h** (metres): enter only when covered and the boundary is at
+//!   least h away; exit only when outside and the boundary is at least h
+//!   away. Between the two, membership holds.
+//! * **dwell d** (seconds): an enter is confirmed by the first fix at least d
+//!   after the first of an unbroken run of qualifying fixes; the event
+//!   carries the confirming fix's time. Exits are immediate.
+//!
+//! A fix older than the vehicle's last evaluated fix changes nothing and is
+//! counted as out of order. State is bounded: at most
+//! `max_memberships` fences per vehicle (overflow counted), and a vehicle
+//! whose last fix is older than `idle_expiry` behind the newest fix seen is
+//! forgotten silently (counted): its next fix starts from no membership.
+
+use super::index::{FenceIdx, FenceIndex};
+use crate::model::{FenceId, VehicleId};
+use geo::Coord;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Sweep for idle vehicles once per this many evaluations.
+const EXPIRY_SWEEP_EVERY: u64 = 4096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TransitionKind {
+    Enter,
+    Exit,
+}
+
+impl TransitionKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            TransitionKind::Enter => "enter",
+            TransitionKind::Exit => "exit",
+        }
+    }
+}
+
+/// One enter or exit, as written to NDJSON and MQTT.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Transition {
+    pub vehicle: VehicleId,
+    pub fence: FenceId,
+    pub event: TransitionKind,
+    /// The fix time (unix ms) that caused it.
+    pub ts: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EvaluatorSettings {
+    /// Global hysteresis in metres; a fence's `hysteresis_m` overrides it.
+    pub hysteresis_m: f64,
+    /// Global dwell in seconds; a fence's `dwell_s` overrides it.
+    pub dwell_s: f64,
+    pub max_memberships: usize,
+    /// Forget a vehicle this many ms of fix time after its last fix.
+    pub idle_expiry_ms: i64,
+}
+
+impl Default for EvaluatorSettings {
+    fn default() -> Self {
+        Self {
+            hysteresis_m: 0.0,
+            dwell_s: 0.0,
+            max_memberships: 256,
+            idle_expiry_ms: 24 * 3600 * 1000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct EvaluatorStats {
+    pub evaluated: u64,
+    pub out_of_order: u64,
+    pub expired: u64,
+    pub membership_overflow: u64,
+    pub enters: u64,
+    pub exits: u64,
+}
+
+#[derive(Debug, Default)]
+struct VehicleState {
+    last_fix_ms: i64,
+    /// Fences the vehicle is in, ascending.
+    members: Vec<FenceIdx>,
+    /// Fences awaiting dwell confirmation: (fence, first qualifying fix).
+    pending: Vec<(FenceIdx, i64)>,
+}
+
+pub struct Evaluator {
+    index: Arc<FenceIndex>,
+    settings: EvaluatorSettings,
+    vehicles: HashMap<VehicleId, VehicleState>,
+    stats: EvaluatorStats,
+    newest_fix_ms: i64,
+    /// Scratch buffer for covering fences, reused across fixes.
+    covering: Vec<FenceIdx>,
+}
+
+impl Evaluator {
+    pub fn new(index: Arc<FenceIndex>, settings: EvaluatorSettings) -> Self {
+        Self {
+            index,
+            settings,
+            vehicles: HashMap::new(),
+            stats: EvaluatorStats::default(),
+            newest_fix_ms: i64::MIN,
+            covering: Vec::new(),
+        }
+    }
+
+    pub fn stats(&self) -> EvaluatorStats {
+        self.stats
+    }
+
+    pub fn tracked_vehicles(&self) -> usize {
+        self.vehicles.len()
+    }
+
+    pub fn index(&self) -> &Arc<FenceIndex> {
+        &self.index
+    }
+
+    /// Fence ids the vehicle is currently in, in fence-file order.
+    pub fn memberships(&self, vehicle: &str) -> Vec<FenceId> {
+        self.vehicles
+            .get(vehicle)
+            .map(|s| {
+                s.members
+                    .iter()
+                    .map(|&f| self.index.fence(f).id.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Evaluates one fix, appending its transitions to `out`.
+    pub fn evaluate(
+        &mut self,
+        vehicle: &VehicleId,
+        fix_ms: i64,
+        lat: f64,
+        lon: f64,
+        out: &mut Vec<Transition>,
+    ) {
+        // get_mut first: the common case costs one hash and no Arc clone.
+        if !self.vehicles.contains_key(vehicle) {
+            let fresh = VehicleState {
+                last_fix_ms: i64::MIN,
+                ..VehicleState::default()
+            };
+            self.vehicles.insert(vehicle.clone(), fresh);
+        }
+        let Some(state) = self.vehicles.get_mut(vehicle) else {
+            return;
+        };
+        if fix_ms < state.last_fix_ms {
+            self.stats.out_of_order += 1;
+            return;
+        }
+        self.stats.evaluated += 1;
+        state.last_fix_ms = fix_ms;
+        let p = Coord { x: lon, y: lat };
+        let index: &FenceIndex = &self.index;
+        let settings = &self.settings;
+        let stats = &mut self.stats;
+        let covering = &mut self.covering;
+        index.containing(p, covering);
+        let hysteresis = |f: FenceIdx| index.fence(f).hysteresis_m.unwrap_or(settings.hysteresis_m);
+        let clear_of_boundary = |f: FenceIdx| {
+            let h = hysteresis(f);
+            h <= 0.0 || !index.fence(f).boundary_within(p, h)
+        };
+        let transition = |f: FenceIdx, event| Transition {
+            vehicle: vehicle.clone(),
+            fence: index.fence(f).id.clone(),
+            event,
+            ts: fix_ms,
+        };
+
+        // Exits first.
+        state.members.retain(|&m| {
+            let stays = covering.binary_search(&m).is_ok() || !clear_of_boundary(m);
+            if !stays {
+                out.push(transition(m, TransitionKind::Exit));
+                stats.exits += 1;
+            }
+            stays
+        });
+
+        // Then enters, with dwell bookkeeping.
+        let mut pending = Vec::new();
+        for &f in covering.iter() {
+            if state.members.binary_search(&f).is_ok() || !clear_of_boundary(f) {
+                continue;
+            }
+            let fence = index.fence(f);
+            let dwell_ms = (fence.dwell_s.unwrap_or(settings.dwell_s) * 1000.0).round() as i64;
+            let since = state
+                .pending
+                .iter()
+                .find(|(pf, _)| *pf == f)
+                .map_or(fix_ms, |&(_, s)| s);
+            if dwell_ms > 0 && fix_ms.saturating_sub(since) < dwell_ms {
+                pending.push((f, since));
+                continue;
+            }
+            if state.members.len() >= settings.max_memberships {
+                stats.membership_overflow += 1;
+                continue;
+            }
+            let at = state.members.partition_point(|&m| m < f);
+            state.members.insert(at, f);
+            out.push(transition(f, TransitionKind::Enter));
+            stats.enters += 1;
+        }
+        pending.truncate(settings.max_memberships);
+        state.pending = pending;
+
+        self.newest_fix_ms = self.newest_fix_ms.max(fix_ms);
+        if self.stats.evaluated.is_multiple_of(EXPIRY_SWEEP_EVERY) {
+            self.expire_idle(self.newest_fix_ms);
+        }
+    }
+
+    /// Forgets vehicles whose last fix is more than the idle expiry before
+    /// `now_ms`; returns how many.
+    pub fn expire_idle(&mut self, now_ms: i64) -> usize {
+        let horizon = now_ms.saturating_sub(self.settings.idle_expiry_ms);
+        let before = self.vehicles.len();
+        self.vehicles.retain(|_, s| s.last_fix_ms >= horizon);
+        let expired = before - self.vehicles.len();
+        self.stats.expired += expired as u64;
+        expired
+    }
+
+    /// Swaps in a reloaded fence set. Memberships and pending dwells survive
+    /// for fence ids present in both; the rest are dropped without events.
+    pub fn swap_index(&mut self, new: Arc<FenceIndex>) {
+        let old = std::mem::replace(&mut self.index, new);
+        let remap = |f: FenceIdx| self.index.find(&old.fence(f).id);
+        for state in self.vehicles.values_mut() {
+            state.members = state.members.iter().filter_map(|&f| remap(f)).collect();
+            state.members.sort_unstable();
+            state.pending = state
+                .pending
+                .iter()
+                .filter_map(|&(f, s)| remap(f).map(|n| (n, s)))
+                .collect();
+        }
+    }
+}

@@ -1,0 +1,397 @@
+//! Loading fences from GeoJSON, with every defect reported at once.
+//!
+//! Accepted: a FeatureCollection whose features are Polygons and
+//! MultiPolygons (holes respected) or Points with a positive `radius_m`
+//! property (circles). Each feature needs a stable id, from `id` or
+//! `properties.id`; `properties.name` is optional, and
+//! `properties.hysteresis_m` / `properties.dwell_s` override the global
+//! jitter settings for that fence.
+
+use super::ring::PreparedRing;
+use super::shape::{Circle, Part, PolygonShape};
+use crate::model::FenceId;
+use geo::line_intersection::line_intersection;
+use geo::{Coord, Line, LineIntersection};
+use geojson::{Feature, GeometryValue, Position};
+use rstar::RTree;
+use rstar::primitives::{GeomWithData, Rectangle};
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::HashSet;
+use std::fmt;
+
+/// One geofence, ready to query.
+#[derive(Debug, Clone)]
+pub struct Fence {
+    pub id: FenceId,
+    pub name: Option<String>,
+    pub parts: Vec<Part>,
+    /// Per-fence override of the global hysteresis, metres.
+    pub hysteresis_m: Option<f64>,
+    /// Per-fence override of the global dwell, seconds.
+    pub dwell_s: Option<f64>,
+}
+
+impl Fence {
+    pub fn covers(&self, p: Coord<f64>) -> bool {
+        self.parts.iter().any(|part| part.covers(p))
+    }
+
+    pub fn boundary_within(&self, p: Coord<f64>, metres: f64) -> bool {
+        self.parts
+            .iter()
+            .any(|part| part.boundary_within(p, metres))
+    }
+
+    pub fn vertex_count(&self) -> usize {
+        self.parts.iter().map(Part::vertex_count).sum()
+    }
+}
+
+/// One defect in one feature.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FenceDefect {
+    /// Position in the FeatureCollection's `features` array; `None` for a
+    /// defect of the document itself.
+    pub index: Option<usize>,
+    pub id: Option<String>,
+    pub defect: String,
+}
+
+impl fmt::Display for FenceDefect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.index, &self.id) {
+            (Some(i), Some(id)) => write!(f, "feature {i} (id {id:?}): {}", self.defect),
+            (Some(i), None) => write!(f, "feature {i} (no id): {}", self.defect),
+            _ => write!(f, "document: {}", self.defect),
+        }
+    }
+}
+
+/// Every defect found in a fence file.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{} invalid fence definition(s):\n{}", .0.len(), .0.iter().map(|d| format!("  {d}")).collect::<Vec<_>>().join("\n"))]
+pub struct FenceErrors(pub Vec<FenceDefect>);
+
+/// What `fences check` prints for a good file.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FenceSummary {
+    pub fences: usize,
+    pub polygons: usize,
+    pub circles: usize,
+    pub vertices: usize,
+    /// `[min_lon, min_lat, max_lon, max_lat]`, or `None` for an empty set.
+    pub bbox: Option<[f64; 4]>,
+}
+
+pub fn summarize(fences: &[Fence]) -> FenceSummary {
+    let mut bbox: Option<[f64; 4]> = None;
+    let (mut polygons, mut circles) = (0, 0);
+    for part in fences.iter().flat_map(|f| &f.parts) {
+        match part {
+            Part::Polygon(_) => polygons += 1,
+            Part::Circle(_) => circles += 1,
+        }
+        for (lo, hi) in part.envelopes() {
+            let b = bbox.get_or_insert([lo.x, lo.y, hi.x, hi.y]);
+            *b = [
+                b[0].min(lo.x),
+                b[1].min(lo.y),
+                b[2].max(hi.x),
+                b[3].max(hi.y),
+            ];
+        }
+    }
+    FenceSummary {
+        fences: fences.len(),
+        polygons,
+        circles,
+        vertices: fences.iter().map(Fence::vertex_count).sum(),
+        bbox,
+    }
+}
+
+/// Parses and validates a GeoJSON FeatureCollection.
+pub fn parse_fences(text: &str) -> Result<Vec<Fence>, FenceErrors> {
+    let doc_error = |defect: String| {
+        FenceErrors(vec![FenceDefect {
+            index: None,
+            id: None,
+            defect,
+        }])
+    };
+    let doc: Value = serde_json::from_str(text).map_err(|e| doc_error(format!("not JSON: {e}")))?;
+    if doc.get("type").and_then(Value::as_str) != Some("FeatureCollection") {
+        return Err(doc_error("expected a GeoJSON FeatureCollection".into()));
+    }
+    let features = doc
+        .get("features")
+        .and_then(Value::as_array)
+        .ok_or_else(|| doc_error("FeatureCollection has no \"features\" array".into()))?;
+
+    let mut fences = Vec::with_capacity(features.len());
+    let mut defects = Vec::new();
+    let mut seen = HashSet::new();
+    for (index, raw) in features.iter().enumerate() {
+        let id = feature_id(raw);
+        let mut report = |defect: String| {
+            defects.push(FenceDefect {
+                index: Some(index),
+                id: id.clone(),
+                defect,
+            })
+        };
+        match &id {
+            None => report("missing id: set \"id\" or properties.id".into()),
+            Some(id) if !seen.insert(id.clone()) => report(format!("duplicate id {id:?}")),
+            _ => {}
+        }
+        let feature: Feature = match serde_json::from_value(raw.clone()) {
+            Ok(f) => f,
+            Err(e) => {
+                report(format!("not a valid GeoJSON Feature: {e}"));
+                continue;
+            }
+        };
+        let mut problems = Vec::new();
+        let fence = build_fence(&feature, &mut problems);
+        for p in problems {
+            report(p);
+        }
+        if let (Some(fence), Some(id)) = (fence, &id) {
+            fences.push(Fence {
+                id: id.as_str().into(),
+                ..fence
+            });
+        }
+    }
+    if defects.is_empty() {
+        Ok(fences)
+    } else {
+        Err(FenceErrors(defects))
+    }
+}
+
+/// Reads and validates a fence file.
+pub fn load_fences(path: &std::path::Path) -> Result<Vec<Fence>, FenceErrors> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        FenceErrors(vec![FenceDefect {
+            index: None,
+            id: None,
+            defect: format!("cannot read {}: {e}", path.display()),
+        }])
+    })?;
+    parse_fences(&text)
+}
+
+fn feature_id(raw: &Value) -> Option<String> {
+    let from = |v: &Value| match v {
+        Value::String(s) if !s.is_empty() => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    };
+    raw.get("id")
+        .and_then(from)
+        .or_else(|| raw.get("properties")?.get("id").and_then(from))
+}
+
+/// Builds the fence (id filled in by the caller), pushing every defect.
+fn build_fence(feature: &Feature, problems: &mut Vec<String>) -> Option<Fence> {
+    let props = feature.properties.as_ref();
+    let prop = |key: &str| props.and_then(|p| p.get(key));
+    let name = prop("name").and_then(Value::as_str).map(str::to_owned);
+    let hysteresis_m = non_negative(prop("hysteresis_m"), "properties.hysteresis_m", problems);
+    let dwell_s = non_negative(prop("dwell_s"), "properties.dwell_s", problems);
+
+    let Some(geometry) = &feature.geometry else {
+        problems.push("missing geometry".into());
+        return None;
+    };
+    let parts = match &geometry.value {
+        GeometryValue::Polygon { coordinates } => vec![polygon(coordinates, "", problems)],
+        GeometryValue::MultiPolygon { coordinates } => coordinates
+            .iter()
+            .enumerate()
+            .map(|(i, poly)| polygon(poly, &format!("polygon {i}: "), problems))
+            .collect(),
+        GeometryValue::Point { coordinates } => {
+            vec![circle(coordinates, prop("radius_m"), problems)]
+        }
+        other => {
+            problems.push(format!(
+                "unsupported geometry type {}; expected Polygon, MultiPolygon, or Point with radius_m",
+                other.type_name()
+            ));
+            return None;
+        }
+    };
+    let parts: Option<Vec<Part>> = parts.into_iter().collect();
+    let parts = parts?;
+    if parts.is_empty() {
+        problems.push("MultiPolygon has no polygons".into());
+        return None;
+    }
+    Some(Fence {
+        id: "".into(),
+        name,
+        parts,
+        hysteresis_m,
+        dwell_s,
+    })
+}
+
+fn non_negative(value: Option<&Value>, field: &str, problems: &mut Vec<String>) -> Option<f64> {
+    let value = value?;
+    match value.as_f64() {
+        Some(v) if v.is_finite() && v >= 0.0 => Some(v),
+        _ => {
+            problems.push(format!("{field} must be a finite number ≥ 0, got {value}"));
+            None
+        }
+    }
+}
+
+fn circle(center: &Position, radius: Option<&Value>, problems: &mut Vec<String>) -> Option<Part> {
+    let center = coordinate(center, "circle centre", problems)?;
+    let radius_m = match radius.map(|r| (r, r.as_f64())) {
+        None => {
+            problems.push("a Point fence needs properties.radius_m (metres)".into());
+            return None;
+        }
+        Some((_, Some(r))) if r.is_finite() && r > 0.0 => r,
+        Some((raw, _)) => {
+            problems.push(format!("radius_m must be a positive number, got {raw}"));
+            return None;
+        }
+    };
+    Some(Part::Circle(Circle { center, radius_m }))
+}
+
+fn polygon(rings: &[Vec<Position>], prefix: &str, problems: &mut Vec<String>) -> Option<Part> {
+    if rings.is_empty() {
+        problems.push(format!("{prefix}polygon has no rings"));
+        return None;
+    }
+    let mut prepared = Vec::with_capacity(rings.len());
+    for (r, ring) in rings.iter().enumerate() {
+        let label = if r == 0 {
+            format!("{prefix}exterior ring")
+        } else {
+            format!("{prefix}hole {}", r - 1)
+        };
+        prepared.push(validate_ring(ring, &label, problems).map(PreparedRing::new));
+    }
+    let prepared: Option<Vec<PreparedRing>> = prepared.into_iter().collect();
+    let mut prepared = prepared?;
+    let exterior = prepared.remove(0);
+    for (h, hole) in prepared.iter().enumerate() {
+        if hole
+            .coords()
+            .iter()
+            .any(|&c| exterior.position(c) == super::ring::Position::Outside)
+        {
+            problems.push(format!(
+                "{prefix}hole {h} lies partly outside the exterior ring"
+            ));
+        }
+    }
+    Some(Part::Polygon(PolygonShape {
+        exterior,
+        holes: prepared,
+    }))
+}
+
+fn coordinate(pos: &Position, label: &str, problems: &mut Vec<String>) -> Option<Coord<f64>> {
+    let v = pos.as_slice();
+    if v.len() < 2 {
+        problems.push(format!(
+            "{label}: a position needs [lon, lat], got {} value(s)",
+            v.len()
+        ));
+        return None;
+    }
+    let (x, y) = (v[0], v[1]);
+    if !x.is_finite() || !y.is_finite() {
+        problems.push(format!("{label}: non-finite coordinate [{x}, {y}]"));
+        return None;
+    }
+    if !(-180.0..=180.0).contains(&x) || !(-90.0..=90.0).contains(&y) {
+        problems.push(format!(
+            "{label}: coordinate [{x}, {y}] out of range (lon ±180, lat ±90)"
+        ));
+        return None;
+    }
+    Some(Coord { x, y })
+}
+
+fn validate_ring(
+    ring: &[Position],
+    label: &str,
+    problems: &mut Vec<String>,
+) -> Option<Vec<Coord<f64>>> {
+    let before = problems.len();
+    let coords: Vec<Coord<f64>> = ring
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| coordinate(p, &format!("{label} position {i}"), problems))
+        .collect();
+    if problems.len() > before {
+        return None;
+    }
+    if coords.len() < 4 {
+        problems.push(format!(
+            "{label} has {} positions; a ring needs at least 4",
+            coords.len()
+        ));
+        return None;
+    }
+    if coords.first() != coords.last() {
+        problems.push(format!(
+            "{label} is not closed: the first and last positions differ"
+        ));
+        return None;
+    }
+    if let Some((i, j)) = self_intersection(&coords) {
+        problems.push(format!(
+            "{label} is self-intersecting: edge {i} meets edge {j}"
+        ));
+        return None;
+    }
+    Some(coords)
+}
+
+/// The first pair of non-adjacent edges that touch, or of adjacent edges
+/// that overlap (a spike), found through an R-tree of edge envelopes so that
+/// a 10k-vertex border is checked in O(n log n) rather than O(n²).
+fn self_intersection(coords: &[Coord<f64>]) -> Option<(usize, usize)> {
+    let n = coords.len() - 1;
+    let edge = |i: usize| Line::new(coords[i], coords[i + 1]);
+    let tree = RTree::bulk_load(
+        (0..n)
+            .map(|i| {
+                let (a, b) = (coords[i], coords[i + 1]);
+                GeomWithData::new(Rectangle::from_corners([a.x, a.y], [b.x, b.y]), i)
+            })
+            .collect(),
+    );
+    for i in 0..n {
+        for other in tree.locate_in_envelope_intersecting(&tree_envelope(coords, i)) {
+            let j = other.data;
+            if j <= i {
+                continue;
+            }
+            let adjacent = j == i + 1 || (i == 0 && j == n - 1);
+            match line_intersection(edge(i), edge(j)) {
+                None => {}
+                Some(LineIntersection::SinglePoint { .. }) if adjacent => {}
+                Some(_) => return Some((i, j)),
+            }
+        }
+    }
+    None
+}
+
+fn tree_envelope(coords: &[Coord<f64>], i: usize) -> rstar::AABB<[f64; 2]> {
+    let (a, b) = (coords[i], coords[i + 1]);
+    rstar::AABB::from_corners([a.x, a.y], [b.x, b.y])
+}

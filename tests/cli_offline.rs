@@ -1,0 +1,112 @@
+//! The offline commands as a user runs them: `fences check` and `eval`.
+
+use std::process::Command;
+
+fn geogate(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_geogate"))
+        .args(args)
+        .output()
+        .expect("run geogate")
+}
+
+#[test]
+fn fences_check_summarises_good_files_and_lists_every_defect() {
+    let ok = geogate(&[
+        "fences",
+        "check",
+        "config/fences.geojson",
+        "--format",
+        "json",
+    ]);
+    assert!(ok.status.success());
+    let summary: serde_json::Value = serde_json::from_slice(&ok.stdout).unwrap();
+    assert_eq!(summary["summary"]["fences"], 11);
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.geojson");
+    std::fs::write(&bad, r#"{"type":"FeatureCollection","features":[
+        {"type":"Feature","id":"a","geometry":{"type":"Polygon","coordinates":[[[0,0],[1,0],[1,1],[0,1]]]}},
+        {"type":"Feature","id":"a","geometry":{"type":"Point","coordinates":[0,0]}}]}"#).unwrap();
+    let out = geogate(&["fences", "check", bad.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("feature 0 (id \"a\"): exterior ring is not closed"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("feature 1 (id \"a\"): duplicate id"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("radius_m"), "{stderr}");
+}
+
+#[test]
+fn eval_writes_transitions_skips_bad_lines_and_is_deterministic() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("positions.ndjson");
+    // v1 drives through the hospital circle (13.3770, 52.5260, r = 150 m).
+    std::fs::write(
+        &input,
+        concat!(
+            r#"{"vehicle":"v1","ts":1700000000000,"lat":52.5200,"lon":13.3770,"speed_kmh":30}"#,
+            "\n",
+            r#"{"vehicle":"v1","ts":1700000010000,"lat":52.5260,"lon":13.3770,"speed_kmh":30}"#,
+            "\n",
+            "this is not json\n",
+            r#"{"vehicle":"v1","ts":1700000005000,"lat":52.5200,"lon":13.3770}"#,
+            "\n",
+            "\n",
+            r#"{"vehicle":"v1","ts":1700000020000,"lat":52.5300,"lon":13.3770,"speed_kmh":30}"#,
+            "\n",
+            r#"{"vehicle":"v2","ts":1700000020000,"lat":95,"lon":13.3770}"#,
+            "\n",
+        ),
+    )
+    .unwrap();
+    let run = |name: &str| {
+        let out_path = dir.path().join(name);
+        let out = geogate(&[
+            "eval",
+            "--fences",
+            "config/fences.geojson",
+            "--input",
+            input.to_str().unwrap(),
+            "--out",
+            out_path.to_str().unwrap(),
+            "--format",
+            "json",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (std::fs::read_to_string(out_path).unwrap(), out.stdout)
+    };
+    let (events, raw_report) = run("a.ndjson");
+    let lines: Vec<serde_json::Value> = events
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{events}");
+    assert_eq!(
+        lines[0],
+        serde_json::json!({"vehicle":"v1","fence":"hospital","event":"enter","ts":1700000010000u64})
+    );
+    assert_eq!(lines[1]["event"], "exit");
+    let report: serde_json::Value = serde_json::from_slice(&raw_report).unwrap();
+    assert_eq!(report["skipped"], 2);
+    assert_eq!(report["skipped_lines"][0]["line"], 3);
+    assert_eq!(report["skipped_lines"][1]["reason"], "out_of_range");
+    assert_eq!(report["out_of_order"], 1);
+    assert_eq!(
+        report["per_fence"]["hospital"],
+        serde_json::json!({"enter": 1, "exit": 1})
+    );
+    assert_eq!(
+        run("b.ndjson"),
+        (events, raw_report),
+        "byte-identical on a rerun"
+    );
+}

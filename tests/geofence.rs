@@ -1,0 +1,331 @@
+//! The geofence engine: loader errors, exact geometry (boundary included),
+//! jitter suppression, and the R-tree path against a linear scan.
+
+use geo::Coord;
+use geogate::geofence::generate::{SplitMix64, random_fences};
+use geogate::geofence::ring::METRES_PER_DEGREE;
+use geogate::geofence::{
+    Evaluator, EvaluatorSettings, FenceIndex, Transition, TransitionKind, parse_fences,
+};
+use geogate::model::VehicleId;
+use serde_json::json;
+use std::sync::Arc;
+
+fn index(features: serde_json::Value) -> FenceIndex {
+    let doc = json!({"type": "FeatureCollection", "features": features});
+    FenceIndex::new(parse_fences(&doc.to_string()).expect("valid fences"))
+}
+
+fn poly(id: &str, rings: serde_json::Value) -> serde_json::Value {
+    json!({"type": "Feature", "id": id, "properties": {}, "geometry": {"type": "Polygon", "coordinates": rings}})
+}
+
+fn covering(index: &FenceIndex, x: f64, y: f64) -> Vec<String> {
+    let mut out = Vec::new();
+    index.containing(Coord { x, y }, &mut out);
+    out.iter().map(|&f| index.fence(f).id.to_string()).collect()
+}
+
+#[test]
+fn boundary_counts_as_inside_and_holes_are_respected() {
+    let idx = index(json!([poly(
+        "yard",
+        json!([
+            [[0, 0], [4, 0], [4, 4], [0, 4], [0, 0]],
+            [[1, 1], [3, 1], [3, 3], [1, 3], [1, 1]]
+        ])
+    )]));
+    for (x, y) in [
+        (0.0, 0.0),
+        (2.0, 0.0),
+        (4.0, 2.5),
+        (0.5, 0.5),
+        (1.0, 2.0),
+        (2.0, 3.0),
+        (3.0, 3.0),
+    ] {
+        assert_eq!(
+            covering(&idx, x, y),
+            ["yard"],
+            "({x}, {y}) is on a boundary or inside"
+        );
+    }
+    for (x, y) in [(2.0, 2.0), (1.5, 2.5), (4.000001, 2.0), (-1.0, -1.0)] {
+        assert!(
+            covering(&idx, x, y).is_empty(),
+            "({x}, {y}) is outside or in the hole"
+        );
+    }
+}
+
+#[test]
+fn multipolygon_circle_and_antimeridian() {
+    let idx = index(json!([
+        {"type": "Feature", "properties": {"id": "pair"}, "geometry": {"type": "MultiPolygon", "coordinates": [
+            [[[0, 0], [1, 0], [1, 1], [0, 1], [0, 0]]],
+            [[[5, 5], [6, 5], [6, 6], [5, 6], [5, 5]]]
+        ]}},
+        // An island group cut at the antimeridian, as RFC 7946 asks.
+        {"type": "Feature", "id": 7, "geometry": {"type": "MultiPolygon", "coordinates": [
+            [[[179, -17], [180, -17], [180, -16], [179, -16], [179, -17]]],
+            [[[-180, -17], [-179, -17], [-179, -16], [-180, -16], [-180, -17]]]
+        ]}},
+        {"type": "Feature", "id": "wrap", "properties": {"radius_m": 2000}, "geometry": {"type": "Point", "coordinates": [179.99, 0]}},
+        {"type": "Feature", "id": "pin", "properties": {"radius_m": 100}, "geometry": {"type": "Point", "coordinates": [10, 50]}}
+    ]));
+    assert_eq!(covering(&idx, 0.5, 0.5), ["pair"]);
+    assert_eq!(covering(&idx, 5.5, 5.5), ["pair"]);
+    assert!(covering(&idx, 3.0, 3.0).is_empty());
+    assert_eq!(covering(&idx, 179.5, -16.5), ["7"]);
+    assert_eq!(covering(&idx, -179.5, -16.5), ["7"]);
+    assert_eq!(
+        covering(&idx, 180.0, -16.5),
+        ["7"],
+        "the cut line is boundary"
+    );
+    assert_eq!(
+        covering(&idx, -179.995, 0.0),
+        ["wrap"],
+        "circle wraps the antimeridian"
+    );
+    assert!(covering(&idx, -179.97, 0.0).is_empty());
+    let north = 100.0 / METRES_PER_DEGREE;
+    assert_eq!(covering(&idx, 10.0, 50.0 + north * 0.999), ["pin"]);
+    assert!(covering(&idx, 10.0, 50.0 + north * 1.001).is_empty());
+}
+
+#[test]
+fn empty_fence_set_evaluates_to_nothing() {
+    let idx = Arc::new(index(json!([])));
+    let mut ev = Evaluator::new(idx, EvaluatorSettings::default());
+    let mut out = Vec::new();
+    ev.evaluate(
+        &VehicleId::from("v"),
+        1_700_000_000_000,
+        52.5,
+        13.4,
+        &mut out,
+    );
+    assert!(out.is_empty());
+    assert_eq!(ev.stats().evaluated, 1);
+}
+
+#[test]
+fn every_defect_is_reported_at_once() {
+    let doc = json!({"type": "FeatureCollection", "features": [
+        poly("open", json!([[[0, 0], [1, 0], [1, 1], [0, 1]]])),
+        poly("short", json!([[[0, 0], [1, 0], [0, 0]]])),
+        poly("far", json!([[[0, 0], [181, 0], [1, 1], [0, 0]]])),
+        poly("bowtie", json!([[[0, 0], [1, 1], [1, 0], [0, 1], [0, 0]]])),
+        {"type": "Feature", "id": "line", "geometry": {"type": "LineString", "coordinates": [[0, 0], [1, 1]]}},
+        poly("ok", json!([[[0, 0], [1, 0], [1, 1], [0, 0]]])),
+        poly("ok", json!([[[0, 0], [1, 0], [1, 1], [0, 0]]])),
+        {"type": "Feature", "id": "noradius", "geometry": {"type": "Point", "coordinates": [0, 0]}},
+        {"type": "Feature", "id": "negradius", "properties": {"radius_m": -5}, "geometry": {"type": "Point", "coordinates": [0, 0]}},
+        {"type": "Feature", "geometry": {"type": "Point", "coordinates": [0, 0]}, "properties": {"radius_m": 5}},
+        poly("spike", json!([[[0, 0], [2, 0], [1, 0], [1, 1], [0, 0]]])),
+        poly("badhyst", json!([[[0, 0], [1, 0], [1, 1], [0, 0]]])),
+    ]});
+    let mut doc = doc;
+    doc["features"][11]["properties"] = json!({"hysteresis_m": -1});
+    let errors = parse_fences(&doc.to_string()).unwrap_err().0;
+    let expect = [
+        (0, "open", "not closed"),
+        (1, "short", "at least 4"),
+        (2, "far", "out of range"),
+        (3, "bowtie", "self-intersecting"),
+        (4, "line", "unsupported geometry type LineString"),
+        (6, "ok", "duplicate id"),
+        (7, "noradius", "radius_m"),
+        (8, "negradius", "positive"),
+        (9, "", "missing id"),
+        (10, "spike", "self-intersecting"),
+        (11, "badhyst", "hysteresis_m"),
+    ];
+    assert_eq!(errors.len(), expect.len(), "{errors:#?}");
+    for ((index, id, text), e) in expect.iter().zip(&errors) {
+        assert_eq!(e.index, Some(*index));
+        assert_eq!(e.id.as_deref().unwrap_or(""), *id);
+        assert!(e.defect.contains(text), "feature {index}: {}", e.defect);
+    }
+    assert!(
+        parse_fences("{\"type\": \"Feature\"}")
+            .unwrap_err()
+            .to_string()
+            .contains("FeatureCollection")
+    );
+    assert!(
+        parse_fences("not json")
+            .unwrap_err()
+            .to_string()
+            .contains("not JSON")
+    );
+}
+
+/// A square fence 0.01° a side at the equator, its east edge at lon 0.01.
+fn edge_fence(props: serde_json::Value) -> Arc<FenceIndex> {
+    Arc::new(index(
+        json!([{"type": "Feature", "id": "yard", "properties": props,
+        "geometry": {"type": "Polygon", "coordinates": [[[0, 0], [0.01, 0], [0.01, 0.01], [0, 0.01], [0, 0]]]}}]),
+    ))
+}
+
+/// Fixes one second apart zig-zagging ±5 m across the east edge, after a
+/// start deep inside.
+fn zigzag(ev: &mut Evaluator, crossings: usize) -> Vec<Transition> {
+    let v = VehicleId::from("truck");
+    let metre = 1.0 / METRES_PER_DEGREE;
+    let mut out = Vec::new();
+    let t0 = 1_700_000_000_000;
+    ev.evaluate(&v, t0, 0.005, 0.005, &mut out);
+    for i in 0..=crossings {
+        let side = if i % 2 == 0 { -5.0 } else { 5.0 };
+        ev.evaluate(
+            &v,
+            t0 + 1000 * (i as i64 + 1),
+            0.005,
+            0.01 + side * metre,
+            &mut out,
+        );
+    }
+    out
+}
+
+#[test]
+fn hysteresis_suppresses_edge_jitter() {
+    let mut steady = Evaluator::new(
+        edge_fence(json!({"hysteresis_m": 10})),
+        EvaluatorSettings::default(),
+    );
+    let events = zigzag(&mut steady, 40);
+    assert_eq!(events.len(), 1, "only the initial enter: {events:?}");
+    assert_eq!(events[0].event, TransitionKind::Enter);
+
+    let mut jittery = Evaluator::new(edge_fence(json!({})), EvaluatorSettings::default());
+    let events = zigzag(&mut jittery, 40);
+    assert_eq!(
+        events.len(),
+        1 + 40,
+        "enter plus one transition per crossing"
+    );
+    assert!(
+        events.windows(2).all(|w| w[0].event != w[1].event),
+        "alternates"
+    );
+
+    // The global setting does the same as the per-fence one.
+    let settings = EvaluatorSettings {
+        hysteresis_m: 10.0,
+        ..Default::default()
+    };
+    let mut global = Evaluator::new(edge_fence(json!({})), settings);
+    assert_eq!(zigzag(&mut global, 40).len(), 1);
+}
+
+#[test]
+fn dwell_confirms_only_a_sustained_stay() {
+    let settings = EvaluatorSettings {
+        dwell_s: 5.0,
+        ..Default::default()
+    };
+    let mut ev = Evaluator::new(edge_fence(json!({})), settings);
+    let v = VehicleId::from("van");
+    let metre = 1.0 / METRES_PER_DEGREE;
+    let mut out = Vec::new();
+    let t0 = 1_700_000_000_000;
+    // Zig-zag for 20 s: never 5 s inside in a row, so never entered.
+    for i in 0..20 {
+        let side = if i % 2 == 0 { -5.0 } else { 5.0 };
+        ev.evaluate(&v, t0 + 1000 * i, 0.005, 0.01 + side * metre, &mut out);
+    }
+    assert!(out.is_empty(), "{out:?}");
+    // Stay inside: first inside fix at t0 + 20 s confirms at t0 + 25 s.
+    for i in 20..30 {
+        ev.evaluate(&v, t0 + 1000 * i, 0.005, 0.005, &mut out);
+    }
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        (out[0].event, out[0].ts),
+        (TransitionKind::Enter, t0 + 25_000)
+    );
+    // Exits are immediate.
+    ev.evaluate(&v, t0 + 31_000, 0.005, 0.02, &mut out);
+    assert_eq!(out[1].event, TransitionKind::Exit);
+}
+
+#[test]
+fn exits_precede_enters_and_old_fixes_change_nothing() {
+    let idx = Arc::new(index(json!([
+        poly("west", json!([[[0, 0], [1, 0], [1, 1], [0, 1], [0, 0]]])),
+        poly("east", json!([[[2, 0], [3, 0], [3, 1], [2, 1], [2, 0]]])),
+    ])));
+    let mut ev = Evaluator::new(idx, EvaluatorSettings::default());
+    let v = VehicleId::from("car");
+    let mut out = Vec::new();
+    ev.evaluate(&v, 2_000_000_000_000, 0.5, 2.5, &mut out);
+    out.clear();
+    ev.evaluate(&v, 2_000_000_001_000, 0.5, 0.5, &mut out);
+    let kinds: Vec<_> = out.iter().map(|t| (t.event, t.fence.to_string())).collect();
+    assert_eq!(
+        kinds,
+        [
+            (TransitionKind::Exit, "east".into()),
+            (TransitionKind::Enter, "west".into())
+        ]
+    );
+    out.clear();
+    ev.evaluate(&v, 2_000_000_000_500, 0.5, 2.5, &mut out);
+    assert!(out.is_empty());
+    assert_eq!(ev.stats().out_of_order, 1);
+    assert_eq!(ev.memberships("car"), [Arc::from("west")]);
+}
+
+#[test]
+fn idle_vehicles_expire_and_reload_keeps_surviving_memberships() {
+    let settings = EvaluatorSettings {
+        idle_expiry_ms: 60_000,
+        ..Default::default()
+    };
+    let idx = Arc::new(index(json!([
+        poly("a", json!([[[0, 0], [1, 0], [1, 1], [0, 1], [0, 0]]])),
+        poly("b", json!([[[0, 0], [2, 0], [2, 2], [0, 2], [0, 0]]])),
+    ])));
+    let mut ev = Evaluator::new(idx, settings);
+    let mut out = Vec::new();
+    let t0 = 1_800_000_000_000;
+    ev.evaluate(&VehicleId::from("old"), t0, 0.5, 0.5, &mut out);
+    ev.evaluate(&VehicleId::from("new"), t0 + 50_000, 0.5, 0.5, &mut out);
+    assert_eq!(ev.expire_idle(t0 + 100_000), 1);
+    assert_eq!(ev.stats().expired, 1);
+    assert_eq!(ev.tracked_vehicles(), 1);
+
+    // Reload: "b" is gone, "a" moved to a new position in the file.
+    ev.swap_index(Arc::new(index(json!([
+        poly("c", json!([[[5, 5], [6, 5], [6, 6], [5, 6], [5, 5]]])),
+        poly("a", json!([[[0, 0], [1, 0], [1, 1], [0, 1], [0, 0]]])),
+    ]))));
+    assert_eq!(ev.memberships("new"), [Arc::from("a")]);
+    out.clear();
+    ev.evaluate(&VehicleId::from("new"), t0 + 60_000, 0.5, 0.5, &mut out);
+    assert!(out.is_empty(), "still inside a, no spurious enter: {out:?}");
+}
+
+#[test]
+fn rtree_agrees_with_linear_scan_on_100k_points() {
+    let (fences, area) = random_fences(42, 2_000, 3, 12_000);
+    let idx = FenceIndex::new(fences);
+    let mut rng = SplitMix64::new(7);
+    let (mut fast, mut slow) = (Vec::new(), Vec::new());
+    let mut hits = 0;
+    for _ in 0..100_000 {
+        let p = area.random_point(&mut rng);
+        idx.containing(p, &mut fast);
+        idx.containing_linear(p, &mut slow);
+        assert_eq!(fast, slow, "at {p:?}");
+        hits += usize::from(!fast.is_empty());
+    }
+    assert!(
+        hits > 20_000 && hits < 95_000,
+        "both hits and misses: {hits}"
+    );
+}
