@@ -13,6 +13,7 @@
 pub mod admission;
 pub mod clock;
 pub mod codec;
+pub mod config;
 pub mod eval;
 pub mod geofence;
 pub mod model;

@@ -33,6 +33,9 @@ enum Command {
     /// Validate a GeoJSON fence file and summarise it.
     #[command(subcommand)]
     Fences(FencesCommand),
+    /// Validate a configuration file.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Evaluate a file of positions (native NDJSON) against fences offline.
     Eval {
         #[arg(long)]
@@ -54,6 +57,16 @@ enum Command {
 }
 
 #[derive(Subcommand)]
+enum ConfigCommand {
+    /// Report every config error at once, each with its field path.
+    Check {
+        file: PathBuf,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+    },
+}
+
+#[derive(Subcommand)]
 enum FencesCommand {
     /// Report every invalid feature at once, or a summary of a valid file.
     Check {
@@ -67,6 +80,7 @@ fn main() -> Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
         Command::Fences(FencesCommand::Check { file, format }) => fences_check(file, format),
+        Command::Config(ConfigCommand::Check { file, format }) => config_check(file, format),
         Command::Eval {
             fences,
             input,
@@ -128,6 +142,33 @@ fn fences_check(file: PathBuf, format: Format) -> Result<ExitCode> {
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+fn config_check(file: PathBuf, format: Format) -> Result<ExitCode> {
+    use geogate::config::{Config, ConfigError};
+    let result = Config::load(&file);
+    let problems = match &result {
+        Ok(_) => Vec::new(),
+        Err(ConfigError::Invalid(problems)) => problems.clone(),
+        Err(other) => vec![geogate::config::ConfigProblem {
+            field: String::new(),
+            message: other.to_string(),
+        }],
+    };
+    match format {
+        Format::Json => {
+            print_json(&serde_json::json!({ "valid": problems.is_empty(), "errors": problems }))?
+        }
+        Format::Text => match &result {
+            Ok(_) => println!("{}: ok", file.display()),
+            Err(e) => eprintln!("{}: {e}", file.display()),
+        },
+    }
+    Ok(if problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn eval(

@@ -1,0 +1,339 @@
+//! The TOML configuration (`config/geogate.toml` documents every field).
+//!
+//! Parsing uses `deny_unknown_fields`, so a misspelt key is an error naming
+//! it. Semantic checks then run over the whole file and report every problem
+//! at once, each with its field path, so an operator fixes a config in one
+//! pass rather than one error per restart.
+
+use crate::admission::{AdmissionPolicy, GateKind, GateSpec};
+use crate::codec::CodecSettings;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub mqtt: MqttConfig,
+    #[serde(default)]
+    pub embedded_broker: EmbeddedBrokerConfig,
+    #[serde(default)]
+    pub pipeline: PipelineConfig,
+    pub gate: GateSpec,
+    #[serde(default)]
+    pub codec: CodecSettings,
+    pub fences: FencesConfig,
+    pub dead_letter: DeadLetterConfig,
+    #[serde(default)]
+    pub events: EventsConfig,
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MqttConfig {
+    pub host: String,
+    pub port: u16,
+    /// Required and stable: the broker keeps the session (and the unacked
+    /// messages) under this id across restarts.
+    pub client_id: String,
+    pub topics: Vec<String>,
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub password: Option<String>,
+    #[serde(default = "defaults::max_packet_bytes")]
+    pub max_packet_bytes: usize,
+    #[serde(default = "defaults::keep_alive_s")]
+    pub keep_alive_s: u64,
+    /// Most QoS 1 messages held unacked before intake stops reading.
+    #[serde(default = "defaults::max_unacked")]
+    pub max_unacked: usize,
+}
+
+impl fmt::Debug for MqttConfig {
+    /// Redacts the password: configs get logged.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MqttConfig")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("client_id", &self.client_id)
+            .field("topics", &self.topics)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("max_packet_bytes", &self.max_packet_bytes)
+            .field("keep_alive_s", &self.keep_alive_s)
+            .field("max_unacked", &self.max_unacked)
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EmbeddedBrokerConfig {
+    /// Port for `--embedded-broker`, always on 127.0.0.1.
+    pub port: u16,
+}
+
+impl Default for EmbeddedBrokerConfig {
+    fn default() -> Self {
+        Self { port: 1883 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PipelineConfig {
+    /// Worker shards; 0 means one per available core.
+    pub shards: usize,
+    pub queue_capacity: usize,
+    pub watermark: f64,
+    /// Optional cap on each worker's evaluations per second; 0 = off.
+    pub sustained_rate: f64,
+    /// How long shutdown may spend draining queues.
+    pub drain_deadline_s: f64,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        Self {
+            shards: 0,
+            queue_capacity: 4096,
+            watermark: crate::admission::watermark::DEFAULT_WATERMARK,
+            sustained_rate: 0.0,
+            drain_deadline_s: 10.0,
+        }
+    }
+}
+
+impl PipelineConfig {
+    pub fn shard_count(&self) -> usize {
+        if self.shards == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            self.shards
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FencesConfig {
+    pub path: PathBuf,
+    #[serde(default)]
+    pub hysteresis_m: f64,
+    #[serde(default)]
+    pub dwell_s: f64,
+    #[serde(default = "defaults::max_memberships")]
+    pub max_memberships: usize,
+    #[serde(default = "defaults::idle_expiry_s")]
+    pub idle_expiry_s: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FsyncPolicy {
+    /// fsync after every record: a record survives power loss before its ack.
+    Always,
+    /// Flush to the OS after every record (survives a process crash), fsync
+    /// on rotation and shutdown.
+    Flush,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterConfig {
+    pub path: PathBuf,
+    #[serde(default = "defaults::rotate_bytes")]
+    pub rotate_bytes: u64,
+    #[serde(default = "defaults::fsync")]
+    pub fsync: FsyncPolicy,
+    /// Optionally also publish each record (QoS 1) to this topic.
+    #[serde(default)]
+    pub mqtt_topic: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct EventsConfig {
+    /// Append transitions as NDJSON here.
+    pub path: Option<PathBuf>,
+    /// Publish transitions (QoS 1) to `geogate/events/{vehicle}`.
+    pub mqtt: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Prometheus exporter address; loopback unless you mean otherwise.
+    pub listen: String,
+    pub enabled: bool,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9464".into(),
+            enabled: true,
+        }
+    }
+}
+
+mod defaults {
+    use super::FsyncPolicy;
+    pub fn max_packet_bytes() -> usize {
+        256 * 1024
+    }
+    pub fn keep_alive_s() -> u64 {
+        30
+    }
+    pub fn max_unacked() -> usize {
+        4096
+    }
+    pub fn max_memberships() -> usize {
+        256
+    }
+    pub fn idle_expiry_s() -> f64 {
+        86_400.0
+    }
+    pub fn rotate_bytes() -> u64 {
+        64 * 1024 * 1024
+    }
+    pub fn fsync() -> FsyncPolicy {
+        FsyncPolicy::Flush
+    }
+}
+
+/// One problem, with the dotted path of the field it concerns.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConfigProblem {
+    pub field: String,
+    pub message: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Syntax(String),
+    #[error("{} config error(s):\n{}", .0.len(), .0.iter().map(|p| format!("  {}: {}", p.field, p.message)).collect::<Vec<_>>().join("\n"))]
+    Invalid(Vec<ConfigProblem>),
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text)
+    }
+
+    /// Parses and validates; relative paths stay relative to the cwd.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let config: Config =
+            toml::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string()))?;
+        let problems = config.problems();
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError::Invalid(problems))
+        }
+    }
+
+    /// Every semantic problem in the file.
+    pub fn problems(&self) -> Vec<ConfigProblem> {
+        let mut out = Vec::new();
+        let mut problem = |field: &str, message: String| {
+            out.push(ConfigProblem {
+                field: field.into(),
+                message,
+            })
+        };
+        if self.mqtt.client_id.trim().is_empty() {
+            problem(
+                "mqtt.client_id",
+                "must be a stable, non-empty id (the broker keeps the session under it)".into(),
+            );
+        }
+        if self.mqtt.topics.is_empty() {
+            problem("mqtt.topics", "needs at least one topic filter".into());
+        }
+        if self.mqtt.host.is_empty() {
+            problem("mqtt.host", "must not be empty".into());
+        }
+        if self.mqtt.max_unacked == 0 {
+            problem("mqtt.max_unacked", "must be ≥ 1".into());
+        }
+        if self.pipeline.queue_capacity == 0 {
+            problem("pipeline.queue_capacity", "must be ≥ 1".into());
+        }
+        if let Err(e) =
+            AdmissionPolicy::new(self.pipeline.watermark, self.pipeline.queue_capacity.max(1))
+        {
+            problem("pipeline.watermark", e.to_string());
+        }
+        if !(self.pipeline.sustained_rate.is_finite() && self.pipeline.sustained_rate >= 0.0) {
+            problem(
+                "pipeline.sustained_rate",
+                format!(
+                    "must be a finite number ≥ 0 (0 = off), got {}",
+                    self.pipeline.sustained_rate
+                ),
+            );
+        }
+        if !(self.pipeline.drain_deadline_s.is_finite() && self.pipeline.drain_deadline_s >= 0.0) {
+            problem(
+                "pipeline.drain_deadline_s",
+                "must be a finite number ≥ 0".into(),
+            );
+        }
+        if self.gate.kind == GateKind::FixedWindow {
+            problem(
+                "gate.kind",
+                "fixed_window is lab-only; use token, leaky_meter or leaky_shaper".into(),
+            );
+        }
+        if let Err(e) = self.gate.build() {
+            let field = match e {
+                crate::admission::GateSpecError::Rate(_) => "gate.rate",
+                crate::admission::GateSpecError::Burst(_) => "gate.burst",
+                crate::admission::GateSpecError::Syntax(_) => "gate",
+            };
+            problem(field, e.to_string());
+        }
+        for (field, v) in [
+            ("fences.hysteresis_m", self.fences.hysteresis_m),
+            ("fences.dwell_s", self.fences.dwell_s),
+            ("fences.idle_expiry_s", self.fences.idle_expiry_s),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                problem(field, format!("must be a finite number ≥ 0, got {v}"));
+            }
+        }
+        if self.codec.max_payload_bytes == 0 {
+            problem("codec.max_payload_bytes", "must be ≥ 1".into());
+        }
+        if !(self.codec.idle_speed_kmh.is_finite() && self.codec.idle_speed_kmh >= 0.0) {
+            problem("codec.idle_speed_kmh", "must be a finite number ≥ 0".into());
+        }
+        if self.dead_letter.rotate_bytes < 4096 {
+            problem("dead_letter.rotate_bytes", "must be ≥ 4096".into());
+        }
+        if self.metrics.enabled && self.metrics.listen.parse::<std::net::SocketAddr>().is_err() {
+            problem(
+                "metrics.listen",
+                format!(
+                    "{:?} is not an address like 127.0.0.1:9464",
+                    self.metrics.listen
+                ),
+            );
+        }
+        out
+    }
+}

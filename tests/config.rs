@@ -1,0 +1,74 @@
+//! Config validation reports every problem at once, each with its field.
+
+use geogate::config::{Config, ConfigError};
+
+#[test]
+fn example_config_is_valid() {
+    let config = Config::load(std::path::Path::new("config/geogate.toml")).expect("example config");
+    assert_eq!(config.pipeline.watermark, 0.6);
+    assert_eq!(config.gate.burst, 24000);
+}
+
+#[test]
+fn every_problem_is_reported_with_its_field() {
+    let text = std::fs::read_to_string("config/geogate.toml")
+        .unwrap()
+        .replace("client_id = \"geogate-1\"", "client_id = \"\"")
+        .replace("rate = 32000", "rate = nan")
+        .replace("burst = 24000", "burst = 0")
+        .replace("# watermark = 0.6", "watermark = 1.5")
+        .replace("# listen = \"127.0.0.1:9464\"", "listen = \"nowhere\"")
+        .replace("# dwell_s = 0 ", "dwell_s = -1 ");
+    let Err(ConfigError::Invalid(problems)) = Config::parse(&text) else {
+        panic!("expected an invalid config");
+    };
+    let fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
+    for expected in [
+        "mqtt.client_id",
+        "pipeline.watermark",
+        "gate.rate",
+        "fences.dwell_s",
+        "metrics.listen",
+    ] {
+        assert!(
+            fields.contains(&expected),
+            "{expected} missing from {problems:#?}"
+        );
+    }
+    let rate = problems.iter().find(|p| p.field == "gate.rate").unwrap();
+    assert!(rate.message.contains("finite"), "{}", rate.message);
+    // burst = 0 is reported too once the rate is fixed.
+    let text = text.replace("rate = nan", "rate = 5");
+    let Err(ConfigError::Invalid(problems)) = Config::parse(&text) else {
+        panic!()
+    };
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.field == "gate.burst" && p.message.contains("≥ 1"))
+    );
+}
+
+#[test]
+fn unknown_keys_and_lab_only_gates_are_refused() {
+    let text = std::fs::read_to_string("config/geogate.toml").unwrap();
+    let typo = text.replace("[pipeline]", "[pipeline]\nwatermrk = 0.5");
+    let err = Config::parse(&typo).unwrap_err().to_string();
+    assert!(err.contains("watermrk"), "{err}");
+    let lab = text.replace("kind = \"token\"", "kind = \"fixed_window\"");
+    let err = Config::parse(&lab).unwrap_err().to_string();
+    assert!(
+        err.contains("gate.kind") && err.contains("lab-only"),
+        "{err}"
+    );
+}
+
+#[test]
+fn password_is_redacted_in_debug_output() {
+    let text = std::fs::read_to_string("config/geogate.toml")
+        .unwrap()
+        .replace("# password = \"secret\"", "password = \"hunter2\"");
+    let config = Config::parse(&text).unwrap();
+    let debug = format!("{config:?}");
+    assert!(!debug.contains("hunter2") && debug.contains("<redacted>"));
+}
