@@ -11,9 +11,11 @@
 //!   and the per-vehicle enter/exit evaluator.
 
 pub mod admission;
+pub mod broker;
 pub mod clock;
 pub mod codec;
 pub mod config;
 pub mod eval;
 pub mod geofence;
 pub mod model;
+pub mod sink;
