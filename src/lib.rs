@@ -10,6 +10,7 @@
 //! * [`geofence`]: GeoJSON fences, the R-tree index and exact containment,
 //!   and the per-vehicle enter/exit evaluator.
 
+pub mod accounting;
 pub mod admission;
 pub mod broker;
 pub mod clock;
@@ -17,5 +18,9 @@ pub mod codec;
 pub mod config;
 pub mod eval;
 pub mod geofence;
+pub mod metrics;
 pub mod model;
+pub mod pipeline;
+pub mod shard;
 pub mod sink;
+pub mod source;

@@ -33,6 +33,14 @@ enum Command {
     /// Validate a GeoJSON fence file and summarise it.
     #[command(subcommand)]
     Fences(FencesCommand),
+    /// Run the live pipeline: MQTT in, admission, geofences, events out.
+    Run {
+        #[arg(long, default_value = "config/geogate.toml")]
+        config: PathBuf,
+        /// Start the embedded broker (rumqttd) on 127.0.0.1 and use it.
+        #[arg(long)]
+        embedded_broker: bool,
+    },
     /// Validate a configuration file.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -80,6 +88,10 @@ fn main() -> Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
         Command::Fences(FencesCommand::Check { file, format }) => fences_check(file, format),
+        Command::Run {
+            config,
+            embedded_broker,
+        } => run(config, embedded_broker),
         Command::Config(ConfigCommand::Check { file, format }) => config_check(file, format),
         Command::Eval {
             fences,
@@ -140,6 +152,89 @@ fn fences_check(file: PathBuf, format: Format) -> Result<ExitCode> {
                 Format::Text => eprintln!("{}: {errors}", file.display()),
             }
             Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+fn run(config_path: PathBuf, embedded_broker: bool) -> Result<ExitCode> {
+    use geogate::config::Config;
+    use tracing_subscriber::prelude::*;
+    // geogate at info; the embedded broker and MQTT client only when amiss.
+    let filter = tracing_subscriber::filter::Targets::new()
+        .with_default(tracing::Level::WARN)
+        .with_target("geogate", tracing::Level::INFO);
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .with_target(false),
+        )
+        .with(filter)
+        .init();
+    let mut config = match Config::load(&config_path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{}: {e}", config_path.display());
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        if embedded_broker {
+            let broker = geogate::broker::start(config.embedded_broker.port)?;
+            tracing::info!("embedded broker listening on {}", broker.addr);
+            config.mqtt.host = broker.addr.ip().to_string();
+            config.mqtt.port = broker.addr.port();
+        }
+        if config.metrics.enabled {
+            let addr = config.metrics.listen.parse().context("metrics.listen")?;
+            geogate::metrics::install(addr)?;
+            tracing::info!("metrics on http://{addr}/metrics");
+        }
+        let balance = geogate::pipeline::run(config, shutdown_signal(), |reloader| {
+            tokio::spawn(reload_on_sighup(reloader));
+        })
+        .await?;
+        println!("{}", balance.line());
+        Ok(if balance.balances() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        })
+    })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(e) => {
+            tracing::warn!("cannot listen for SIGTERM ({e}); stopping on SIGINT only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Reloads fences on every SIGHUP; a bad file keeps the old fences.
+async fn reload_on_sighup(reloader: geogate::pipeline::FenceReloader) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP; fence reload disabled");
+        return;
+    };
+    while hup.recv().await.is_some() {
+        match reloader.reload() {
+            Ok(n) => tracing::info!("fences reloaded: {n} fences"),
+            Err(e) => tracing::error!("fence reload refused, keeping the old fences: {e}"),
         }
     }
 }

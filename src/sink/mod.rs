@@ -1,3 +1,5 @@
-//! Where events leave geogate: the dead-letter file for everything refused.
+//! Where events leave geogate: transitions to their consumers, refusals to
+//! the dead letter.
 
 pub mod dead_letter;
+pub mod events;

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod geogate;
+
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -59,4 +61,59 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free loopback port")
+}
+
+/// A mosquitto broker on a free loopback port, killed on drop.
+pub struct Mosquitto {
+    pub port: u16,
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Mosquitto {
+    /// Starts mosquitto, or returns `None` (skipping loudly) when absent.
+    pub fn start() -> Option<Self> {
+        let binary = require("mosquitto (apt-get install mosquitto)", binary("mosquitto"))?;
+        let port = free_port();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let conf = dir.path().join("mosquitto.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n\
+                 max_inflight_messages 1000\nmax_queued_messages 200000\nlog_type error\n"
+            ),
+        )
+        .expect("write mosquitto.conf");
+        let child = Command::new(binary)
+            .arg("-c")
+            .arg(&conf)
+            .spawn()
+            .expect("spawn mosquitto");
+        wait_for_port(port);
+        Some(Self {
+            port,
+            child,
+            _dir: dir,
+        })
+    }
+}
+
+impl Drop for Mosquitto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits (at most 10 s) until something accepts connections on the port.
+pub fn wait_for_port(port: u16) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing listening on {port} after 10 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }

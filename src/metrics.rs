@@ -1,0 +1,117 @@
+//! The Prometheus exporter and metric descriptions. Metric names follow
+//! Prometheus conventions (`_total` counters, base units) and carry only
+//! bounded labels: shard, priority, reason, gate, kind.
+
+use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+use metrics_exporter_prometheus::PrometheusBuilder;
+use std::net::SocketAddr;
+
+#[derive(Debug, thiserror::Error)]
+#[error("metrics exporter on {addr}: {message}")]
+pub struct MetricsError {
+    addr: SocketAddr,
+    message: String,
+}
+
+/// Latency buckets from 10 µs to 10 s, roughly ×2.5 apart.
+const LATENCY_BUCKETS: [f64; 16] = [
+    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.5, 2.5,
+    10.0,
+];
+
+/// Installs the global recorder and serves `/metrics` on `addr`.
+pub fn install(addr: SocketAddr) -> Result<(), MetricsError> {
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets(&LATENCY_BUCKETS)
+        .and_then(|b| b.install())
+        .map_err(|e| MetricsError {
+            addr,
+            message: e.to_string(),
+        })?;
+    describe();
+    Ok(())
+}
+
+fn describe() {
+    describe_counter!(
+        "geogate_events_received_total",
+        Unit::Count,
+        "Messages taken from the broker into the pipeline."
+    );
+    describe_counter!(
+        "geogate_events_invalid_total",
+        Unit::Count,
+        "Messages refused by the codec, by reason."
+    );
+    describe_counter!(
+        "geogate_events_admitted_total",
+        Unit::Count,
+        "Events enqueued to a shard, by shard and priority."
+    );
+    describe_counter!(
+        "geogate_events_shed_total",
+        Unit::Count,
+        "Low-priority events refused by a shard's gate above the watermark."
+    );
+    describe_counter!(
+        "geogate_dead_letter_written_total",
+        Unit::Count,
+        "Dead-letter records written, by reason."
+    );
+    describe_gauge!(
+        "geogate_queue_depth",
+        Unit::Count,
+        "Events in a shard's queue at the last admission."
+    );
+    describe_gauge!(
+        "geogate_queue_capacity",
+        Unit::Count,
+        "Capacity of a shard's queue."
+    );
+    describe_gauge!(
+        "geogate_gate_level",
+        Unit::Count,
+        "Gate level at the last gated decision: tokens, fill or backlog."
+    );
+    describe_counter!(
+        "geogate_events_evaluated_total",
+        Unit::Count,
+        "Fixes evaluated against the fences, by shard."
+    );
+    describe_histogram!(
+        "geogate_evaluation_duration_seconds",
+        Unit::Seconds,
+        "Time to evaluate one fix."
+    );
+    describe_histogram!(
+        "geogate_end_to_end_latency_seconds",
+        Unit::Seconds,
+        "Receive to evaluated, per fix."
+    );
+    describe_counter!(
+        "geogate_fence_transitions_total",
+        Unit::Count,
+        "Enter and exit transitions emitted."
+    );
+    describe_gauge!(
+        "geogate_mqtt_connected",
+        Unit::Count,
+        "1 while the intake connection is up."
+    );
+    describe_counter!(
+        "geogate_mqtt_reconnects_total",
+        Unit::Count,
+        "Intake connection errors followed by a reconnect."
+    );
+    describe_gauge!(
+        "geogate_mqtt_unacked",
+        Unit::Count,
+        "QoS 1 messages received and not yet acked."
+    );
+    describe_counter!(
+        "geogate_mqtt_left_for_redelivery_total",
+        Unit::Count,
+        "Messages left unacked during shutdown for the broker to redeliver."
+    );
+}

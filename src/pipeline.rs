@@ -1,0 +1,222 @@
+//! Wires the live pipeline together and runs it until shutdown:
+//! intake (MQTT) → router (decode, dedup, admission) → shard workers
+//! (geofences) → event sink, with every refusal in the dead letter and every
+//! message counted (see [`crate::accounting`]).
+//!
+//! Shutdown: stop taking new messages (later ones stay unacked for
+//! redelivery), let the router finish what intake holds, let workers drain
+//! until the queues are empty or the drain deadline passes, ack everything
+//! finished, flush the sinks, and return the balance.
+
+use crate::accounting::{Accounting, Balance};
+use crate::admission::{AdmissionPolicy, GateKind};
+use crate::clock::MonotonicClock;
+use crate::codec::Dedup;
+use crate::config::Config;
+use crate::geofence::{Evaluator, EvaluatorSettings, FenceErrors, FenceIndex, load_fences};
+use crate::shard::{self, DeadLetterMirror, Router, ShardInput, WorkerContext};
+use crate::sink::dead_letter::{DeadLetterSink, Recovery};
+use crate::sink::events::EventSink;
+use crate::source::mqtt::{self, IntakeControl};
+use rumqttc::AsyncClient;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error("fences: {0}")]
+    Fences(#[from] FenceErrors),
+    #[error("dead letter {path}: {source}")]
+    DeadLetter {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("events file: {0}")]
+    Events(std::io::Error),
+    #[error("config: {0}")]
+    Config(String),
+}
+
+/// Handle for reloading fences while the pipeline runs.
+#[derive(Clone)]
+pub struct FenceReloader {
+    path: std::path::PathBuf,
+    tx: Arc<watch::Sender<Arc<FenceIndex>>>,
+}
+
+impl FenceReloader {
+    /// Loads the fence file again. On success every worker swaps to the new
+    /// index before its next fix; on failure the old fences stay and the
+    /// errors are returned (and logged by the caller).
+    pub fn reload(&self) -> Result<usize, FenceErrors> {
+        let fences = load_fences(&self.path)?;
+        let count = fences.len();
+        self.tx.send_replace(Arc::new(FenceIndex::new(fences)));
+        Ok(count)
+    }
+}
+
+/// Polls a connection that only publishes (events, dead-letter mirror).
+async fn drive_output(mut eventloop: rumqttc::EventLoop) {
+    loop {
+        if let Err(e) = eventloop.poll().await {
+            tracing::warn!("output connection: {e}");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+/// Runs the pipeline until `shutdown` resolves; returns the final balance.
+/// `on_ready` receives the fence reloader once everything is running.
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()>,
+    on_ready: impl FnOnce(FenceReloader),
+) -> Result<Balance, PipelineError> {
+    let fences = load_fences(&config.fences.path)?;
+    tracing::info!(fences = fences.len(), "fences loaded");
+    let (fence_tx, fence_rx) = watch::channel(Arc::new(FenceIndex::new(fences)));
+    let reloader = FenceReloader {
+        path: config.fences.path.clone(),
+        tx: Arc::new(fence_tx),
+    };
+
+    let dl = &config.dead_letter;
+    let (dead_letter, recovery) = DeadLetterSink::open(&dl.path, dl.rotate_bytes, dl.fsync)
+        .map_err(|source| PipelineError::DeadLetter {
+            path: dl.path.display().to_string(),
+            source,
+        })?;
+    if let Recovery::TornTail { bytes } = recovery {
+        tracing::warn!(
+            "dead letter {}: last record was torn ({bytes} bytes) by an earlier crash; kept it and continued on a new line",
+            dl.path.display()
+        );
+    }
+
+    let accounting = Arc::new(Accounting::default());
+    let control = Arc::new(IntakeControl::default());
+    control.open.store(true, Ordering::Release);
+
+    // Output connection: transitions and the dead-letter mirror.
+    let needs_output = config.events.mqtt || dl.mqtt_topic.is_some();
+    let output = needs_output.then(|| {
+        let mut options = rumqttc::MqttOptions::new(
+            format!("{}-out", config.mqtt.client_id),
+            &config.mqtt.host,
+            config.mqtt.port,
+        );
+        options.set_keep_alive(Duration::from_secs(config.mqtt.keep_alive_s.max(5)));
+        if let Some(user) = &config.mqtt.username {
+            options.set_credentials(user, config.mqtt.password.clone().unwrap_or_default());
+        }
+        let (client, eventloop) = AsyncClient::new(options, 10_000);
+        tokio::spawn(drive_output(eventloop));
+        client
+    });
+    let events = Arc::new(
+        EventSink::new(
+            config.events.path.as_deref(),
+            output.clone().filter(|_| config.events.mqtt),
+        )
+        .map_err(PipelineError::Events)?,
+    );
+
+    // Intake connection.
+    let max_unacked = config.mqtt.max_unacked;
+    let (client, eventloop) = AsyncClient::new(
+        mqtt::options(&config.mqtt, &config.mqtt.client_id),
+        max_unacked * 2 + 64,
+    );
+    let (intake_tx, intake_rx) = mpsc::channel(max_unacked.clamp(1, 1024));
+    let (acker_tx, acker_rx) = mpsc::unbounded_channel();
+    let acker = tokio::spawn(mqtt::acker(client.clone(), acker_rx, control.clone()));
+
+    // Shards.
+    let shard_count = config.pipeline.shard_count();
+    let capacity = config.pipeline.queue_capacity;
+    let policy = AdmissionPolicy::new(config.pipeline.watermark, capacity)
+        .map_err(|e| PipelineError::Config(e.to_string()))?;
+    let settings = EvaluatorSettings {
+        hysteresis_m: config.fences.hysteresis_m,
+        dwell_s: config.fences.dwell_s,
+        max_memberships: config.fences.max_memberships,
+        idle_expiry_ms: (config.fences.idle_expiry_s * 1000.0) as i64,
+    };
+    let clock = MonotonicClock::new();
+    let (deadline_tx, deadline_rx) = watch::channel(None);
+    let mut inputs = Vec::with_capacity(shard_count);
+    let mut workers = Vec::with_capacity(shard_count);
+    for shard in 0..shard_count {
+        let (tx, rx) = mpsc::channel(capacity);
+        let gate = config
+            .gate
+            .build()
+            .map_err(|e| PipelineError::Config(e.to_string()))?;
+        let lane = (config.gate.kind == GateKind::LeakyShaper).then(|| {
+            let (lane_tx, lane_rx) = mpsc::unbounded_channel();
+            tokio::spawn(shard::shaper_lane(clock, lane_rx, tx.clone()));
+            lane_tx
+        });
+        inputs.push(ShardInput::new(shard, tx, gate, lane));
+        let evaluator = Evaluator::new(fence_rx.borrow().clone(), settings);
+        let ctx = WorkerContext {
+            shard,
+            fences: fence_rx.clone(),
+            events: events.clone(),
+            acker: acker_tx.clone(),
+            accounting: accounting.clone(),
+            sustained_rate: config.pipeline.sustained_rate,
+            deadline: deadline_rx.clone(),
+        };
+        workers.push(tokio::spawn(shard::worker(rx, evaluator, ctx)));
+    }
+    let router = Router {
+        shards: inputs,
+        policy,
+        codec: config.codec.clone(),
+        dedup: Dedup::new(config.codec.dedup_window),
+        dead_letter,
+        mirror: dl
+            .mqtt_topic
+            .clone()
+            .zip(output)
+            .map(|(topic, client)| DeadLetterMirror { client, topic }),
+        acker: acker_tx.clone(),
+        accounting: accounting.clone(),
+        clock,
+    };
+    let router = tokio::spawn(router.run(intake_rx));
+    let poll = tokio::spawn(mqtt::poll_loop(
+        client,
+        eventloop,
+        config.mqtt.topics.clone(),
+        intake_tx,
+        acker_tx,
+        control.clone(),
+        accounting.clone(),
+    ));
+    on_ready(reloader);
+
+    shutdown.await;
+    tracing::info!("shutting down: intake closed, draining");
+    control.open.store(false, Ordering::Release);
+    let deadline = Instant::now() + Duration::from_secs_f64(config.pipeline.drain_deadline_s);
+    let _ = deadline_tx.send(Some(deadline));
+    let mut dead_letter = router.await.ok();
+    for w in workers {
+        let _ = w.await;
+    }
+    let _ = acker.await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), poll).await;
+    events.flush();
+    if let Some(dl) = dead_letter.as_mut()
+        && let Err(e) = dl.sync()
+    {
+        tracing::error!("dead letter sync: {e}");
+    }
+    Ok(accounting.balance())
+}

@@ -1,0 +1,3 @@
+//! Where telemetry comes from.
+
+pub mod mqtt;

@@ -1,0 +1,290 @@
+//! Runs the real `geogate` binary against a broker, as an operator would.
+
+#![allow(dead_code)]
+
+use super::free_port;
+use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Two 0.01° squares side by side near (10°E, 50°N), plus room around them.
+pub const FENCES_AB: &str = r#"{"type":"FeatureCollection","features":[
+ {"type":"Feature","id":"A","properties":{},"geometry":{"type":"Polygon","coordinates":[[[10.00,50.00],[10.01,50.00],[10.01,50.01],[10.00,50.01],[10.00,50.00]]]}},
+ {"type":"Feature","id":"B","properties":{},"geometry":{"type":"Polygon","coordinates":[[[10.02,50.00],[10.03,50.00],[10.03,50.01],[10.02,50.01],[10.02,50.00]]]}}]}"#;
+
+pub struct GeogateProcess {
+    pub dir: PathBuf,
+    pub metrics_port: u16,
+    child: Option<Child>,
+    args: Vec<String>,
+}
+
+/// Settings that vary between tests.
+pub struct Setup<'a> {
+    pub broker_port: u16,
+    pub embedded: bool,
+    pub client_id: &'a str,
+    pub extra_pipeline: &'a str,
+    pub gate: &'a str,
+}
+
+impl GeogateProcess {
+    pub fn config(dir: &Path, setup: &Setup, metrics_port: u16) -> String {
+        format!(
+            r#"
+[mqtt]
+host = "127.0.0.1"
+port = {port}
+client_id = "{client_id}"
+topics = ["fleet/+/telemetry", "owntracks/+/+"]
+max_unacked = 1000
+[embedded_broker]
+port = {port}
+[pipeline]
+shards = 2
+{extra}
+[gate]
+{gate}
+[fences]
+path = "{dir}/fences.geojson"
+[dead_letter]
+path = "{dir}/dead-letter.ndjson"
+fsync = "always"
+[events]
+path = "{dir}/events.ndjson"
+mqtt = false
+[metrics]
+listen = "127.0.0.1:{metrics_port}"
+"#,
+            port = setup.broker_port,
+            client_id = setup.client_id,
+            extra = setup.extra_pipeline,
+            gate = setup.gate,
+            dir = dir.display(),
+        )
+    }
+
+    /// Writes the config (and `fences` if none yet) into `dir`, then starts.
+    pub fn start(dir: &Path, setup: &Setup) -> Self {
+        let metrics_port = free_port();
+        if !dir.join("fences.geojson").exists() {
+            std::fs::write(dir.join("fences.geojson"), FENCES_AB).expect("fences");
+        }
+        std::fs::write(
+            dir.join("geogate.toml"),
+            Self::config(dir, setup, metrics_port),
+        )
+        .expect("config");
+        let mut args = vec![
+            "run".to_owned(),
+            "--config".to_owned(),
+            dir.join("geogate.toml").display().to_string(),
+        ];
+        if setup.embedded {
+            args.push("--embedded-broker".into());
+        }
+        let mut p = Self {
+            dir: dir.to_owned(),
+            metrics_port,
+            child: None,
+            args,
+        };
+        p.spawn();
+        p
+    }
+
+    fn spawn(&mut self) {
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("stderr.log"))
+            .expect("log");
+        let child = Command::new(env!("CARGO_BIN_EXE_geogate"))
+            .args(&self.args)
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn geogate");
+        self.child = Some(child);
+        self.wait_for_log("connected to broker", 1);
+    }
+
+    /// Waits (≤ 20 s) until stderr.log holds `needle` at least `times` times.
+    pub fn wait_for_log(&self, needle: &str, times: usize) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let log = std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default();
+            if log.matches(needle).count() >= times {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?} in geogate's log:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.pid().to_string()])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill {sig} failed");
+    }
+
+    pub fn sighup(&self) {
+        self.signal("-HUP");
+    }
+
+    /// SIGKILL, then start again with the same config.
+    pub fn kill_and_restart(&mut self) {
+        self.signal("-KILL");
+        let _ = self.child.take().expect("running").wait();
+        self.spawn();
+    }
+
+    /// SIGTERM; returns (exit success, stdout).
+    pub fn terminate(mut self) -> (bool, String) {
+        self.signal("-TERM");
+        let mut child = self.child.take().expect("running");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while child.try_wait().expect("wait").is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "geogate did not exit within 30 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let status = child.wait().expect("status");
+        let mut out = String::new();
+        child
+            .stdout
+            .take()
+            .expect("stdout")
+            .read_to_string(&mut out)
+            .expect("read stdout");
+        (status.success(), out)
+    }
+
+    /// Sums each `geogate_*` metric over its labels, from `/metrics`.
+    pub fn metrics(&self) -> HashMap<String, f64> {
+        let mut out = HashMap::new();
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)) else {
+            return out;
+        };
+        let _ = s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+        let mut body = String::new();
+        let _ = s.read_to_string(&mut body);
+        for line in body.lines().filter(|l| l.starts_with("geogate_")) {
+            let Some((name, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let name = name.split('{').next().unwrap_or(name).to_owned();
+            *out.entry(name).or_default() += value.parse::<f64>().unwrap_or(0.0);
+        }
+        out
+    }
+
+    /// Waits (≤ `secs`) until `received` reaches `n` and all of it is done.
+    pub fn wait_processed(&self, n: f64, secs: u64) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let m = self.metrics();
+            let get = |k: &str| m.get(k).copied().unwrap_or(0.0);
+            let done = get("geogate_events_invalid_total")
+                + get("geogate_events_shed_total")
+                + get("geogate_events_evaluated_total");
+            if get("geogate_events_received_total") >= n
+                && done >= get("geogate_events_received_total")
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not processed within {secs} s: {m:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for GeogateProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// One MQTT message: topic and payload.
+pub type Message = (String, Vec<u8>);
+
+/// Publishes every message at QoS 1 and waits for all PubAcks (≤ 60 s).
+pub async fn publish_all(port: u16, messages: &[Message], pace: Option<Duration>) {
+    let mut options = MqttOptions::new(format!("publisher-{}", free_port()), "127.0.0.1", port);
+    options
+        .set_keep_alive(Duration::from_secs(10))
+        .set_max_packet_size(4 << 20, 4 << 20);
+    let (client, mut events) = AsyncClient::new(options, 1000);
+    let expected = messages.len();
+    let driver = tokio::spawn(async move {
+        let mut acked = 0;
+        while acked < expected {
+            match events.poll().await {
+                Ok(Event::Incoming(Packet::PubAck(_))) => acked += 1,
+                Ok(Event::Outgoing(Outgoing::Disconnect)) => break,
+                Ok(_) => {}
+                Err(e) => panic!("publisher connection failed: {e}"),
+            }
+        }
+        acked
+    });
+    for (topic, payload) in messages {
+        client
+            .publish(topic.clone(), QoS::AtLeastOnce, false, payload.clone())
+            .await
+            .expect("publish");
+        if let Some(p) = pace {
+            tokio::time::sleep(p).await;
+        }
+    }
+    let acked = tokio::time::timeout(Duration::from_secs(60), driver)
+        .await
+        .expect("all PubAcks within 60 s")
+        .expect("driver");
+    assert_eq!(acked, expected);
+}
+
+pub fn native(
+    vehicle: &str,
+    ts: i64,
+    lat: f64,
+    lon: f64,
+    speed: f64,
+    kind: &str,
+) -> (String, Vec<u8>) {
+    (
+        format!("fleet/{vehicle}/telemetry"),
+        format!(r#"{{"vehicle":"{vehicle}","ts":{ts},"lat":{lat},"lon":{lon},"speed_kmh":{speed},"kind":"{kind}"}}"#).into_bytes(),
+    )
+}
+
+/// Reads an NDJSON file into JSON values (missing file: empty).
+pub fn read_ndjson(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_str(l).expect("every line parses"))
+        .collect()
+}
