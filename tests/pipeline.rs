@@ -71,6 +71,7 @@ fn check_known_stream(broker_port: u16, embedded: bool) {
         // watermark; a gate with 10 tokens and almost no refill.
         extra_pipeline: "queue_capacity = 40\nsustained_rate = 500",
         gate: "kind = \"token\"\nrate = 0.001\nburst = 10",
+        events_mqtt: false,
     };
     let geogate = GeogateProcess::start(dir.path(), &setup);
     let (burst, rest) = known_stream();
@@ -183,6 +184,7 @@ fn sigkill_mid_stream_loses_no_high_event() {
         client_id: "geogate-kill",
         extra_pipeline: "sustained_rate = 2000",
         gate: "kind = \"token\"\nrate = 1000\nburst = 100",
+        events_mqtt: false,
     };
     let mut geogate = GeogateProcess::start(dir.path(), &setup);
     // 20 vehicles alternate between fences A and B: every fix is an enter,
@@ -255,9 +257,19 @@ fn sighup_swaps_fences_from_that_point_on() {
         client_id: "geogate-hup",
         extra_pipeline: "",
         gate: "kind = \"token\"\nrate = 1000\nburst = 100",
+        events_mqtt: true,
     };
     let geogate = GeogateProcess::start(dir.path(), &setup);
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    // Transitions are also published at QoS 1 to geogate/events/{vehicle}.
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let over_mqtt = runtime.spawn(support::geogate::collect(
+        port,
+        "geogate/events/#",
+        2,
+        ready_tx,
+    ));
+    runtime.block_on(ready_rx).expect("collector subscribed");
     runtime.block_on(publish_all(
         port,
         &[native("h1", T0, 50.005, 10.005, 30.0, "move")],
@@ -298,5 +310,11 @@ fn sighup_swaps_fences_from_that_point_on() {
     assert_eq!(
         events,
         [("enter".into(), "A".into()), ("enter".into(), "C".into())]
+    );
+    let over_mqtt = runtime.block_on(over_mqtt).expect("collector");
+    assert_eq!(
+        over_mqtt,
+        read_ndjson(&dir.path().join("events.ndjson")),
+        "MQTT carries the same transitions"
     );
 }

@@ -29,6 +29,8 @@ pub struct Setup<'a> {
     pub client_id: &'a str,
     pub extra_pipeline: &'a str,
     pub gate: &'a str,
+    /// Also publish transitions to `geogate/events/{vehicle}`.
+    pub events_mqtt: bool,
 }
 
 impl GeogateProcess {
@@ -55,7 +57,7 @@ path = "{dir}/dead-letter.ndjson"
 fsync = "always"
 [events]
 path = "{dir}/events.ndjson"
-mqtt = false
+mqtt = {events_mqtt}
 [metrics]
 listen = "127.0.0.1:{metrics_port}"
 "#,
@@ -64,6 +66,7 @@ listen = "127.0.0.1:{metrics_port}"
             extra = setup.extra_pipeline,
             gate = setup.gate,
             dir = dir.display(),
+            events_mqtt = setup.events_mqtt,
         )
     }
 
@@ -287,4 +290,41 @@ pub fn read_ndjson(path: &Path) -> Vec<serde_json::Value> {
         .filter(|l| !l.is_empty())
         .map(|l| serde_json::from_str(l).expect("every line parses"))
         .collect()
+}
+
+/// Subscribes to `filter` and collects payloads until `n` arrive (≤ 20 s).
+pub async fn collect(
+    port: u16,
+    filter: &str,
+    n: usize,
+    ready: tokio::sync::oneshot::Sender<()>,
+) -> Vec<serde_json::Value> {
+    let mut options = MqttOptions::new(format!("collector-{}", free_port()), "127.0.0.1", port);
+    options.set_keep_alive(Duration::from_secs(10));
+    let (client, mut events) = AsyncClient::new(options, 100);
+    client
+        .subscribe(filter, QoS::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    let mut ready = Some(ready);
+    let mut got = Vec::new();
+    let run = async {
+        while got.len() < n {
+            match events.poll().await.expect("collector connection") {
+                Event::Incoming(Packet::SubAck(_)) => {
+                    if let Some(r) = ready.take() {
+                        let _ = r.send(());
+                    }
+                }
+                Event::Incoming(Packet::Publish(p)) => {
+                    got.push(serde_json::from_slice(&p.payload).expect("JSON payload"))
+                }
+                _ => {}
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), run)
+        .await
+        .expect("messages within 20 s");
+    got
 }
