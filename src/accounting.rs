@@ -20,6 +20,7 @@ pub struct Accounting {
     shed: AtomicU64,
     admitted: AtomicU64,
     evaluated: AtomicU64,
+    transitions: AtomicU64,
 }
 
 /// A consistent-enough snapshot (exact when the pipeline is quiescent).
@@ -74,6 +75,15 @@ impl Accounting {
 
     pub fn evaluated(&self) {
         self.evaluated.fetch_add(1, Relaxed);
+    }
+
+    /// Transitions emitted (not part of the balance; for progress displays).
+    pub fn transitions(&self, n: u64) {
+        self.transitions.fetch_add(n, Relaxed);
+    }
+
+    pub fn transitions_total(&self) -> u64 {
+        self.transitions.load(Relaxed)
     }
 
     pub fn invalid_by_reason(&self) -> Vec<(Reason, u64)> {

@@ -35,7 +35,7 @@ pub fn start(port: u16) -> Result<EmbeddedBroker, BrokerError> {
 id = 0
 [router]
 max_connections = 1000
-max_outgoing_packet_count = 1000
+max_outgoing_packet_count = 20000
 max_segment_size = 104857600
 max_segment_count = 10
 
@@ -46,7 +46,7 @@ next_connection_delay_ms = 1
 [v4.1.connections]
 connection_timeout_ms = 60000
 max_payload_size = {MAX_PAYLOAD_BYTES}
-max_inflight_count = 1000
+max_inflight_count = 16384
 dynamic_filters = true
 "#
     );

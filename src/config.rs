@@ -28,6 +28,46 @@ pub struct Config {
     pub events: EventsConfig,
     #[serde(default)]
     pub metrics: MetricsConfig,
+    #[serde(default)]
+    pub demo: DemoConfig,
+}
+
+/// Settings `geogate demo` applies on top of the rest of the file, so that
+/// a laptop-sized capture visibly crosses the watermark.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DemoConfig {
+    pub capture: PathBuf,
+    /// Replay speed-up over the capture's own pacing.
+    pub speed: f64,
+    /// Worker cap during the demo, evaluations/s per shard (models a slower
+    /// evaluator so the shift-change burst fills the queues).
+    pub sustained_rate: f64,
+    /// Queue capacity per shard during the demo. The embedded broker
+    /// (rumqttd) keeps at most 100 QoS 1 messages unacked per subscriber, and
+    /// geogate acks only after evaluation, so only a queue whose watermark
+    /// sits below that window can ever reach it.
+    pub queue_capacity: usize,
+    /// The gate used during the demo.
+    pub gate: GateSpec,
+    pub report_dir: PathBuf,
+}
+
+impl Default for DemoConfig {
+    fn default() -> Self {
+        Self {
+            capture: "replay/shift-change.ndjson.gz".into(),
+            speed: 3.0,
+            sustained_rate: 600.0,
+            queue_capacity: 64,
+            gate: GateSpec {
+                kind: GateKind::Token,
+                rate: 100.0,
+                burst: 200,
+            },
+            report_dir: "geogate-report".into(),
+        }
+    }
 }
 
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
@@ -324,6 +364,21 @@ impl Config {
         }
         if self.dead_letter.rotate_bytes < 4096 {
             problem("dead_letter.rotate_bytes", "must be ≥ 4096".into());
+        }
+        if !(self.demo.speed.is_finite() && self.demo.speed > 0.0) {
+            problem(
+                "demo.speed",
+                format!("must be a number > 0, got {}", self.demo.speed),
+            );
+        }
+        if !(self.demo.sustained_rate.is_finite() && self.demo.sustained_rate >= 0.0) {
+            problem("demo.sustained_rate", "must be a finite number ≥ 0".into());
+        }
+        if self.demo.queue_capacity == 0 {
+            problem("demo.queue_capacity", "must be ≥ 1".into());
+        }
+        if let Err(e) = self.demo.gate.build() {
+            problem("demo.gate", e.to_string());
         }
         if self.metrics.enabled && self.metrics.listen.parse::<std::net::SocketAddr>().is_err() {
             problem(

@@ -11,6 +11,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+mod commands;
+
 #[derive(Parser)]
 #[command(
     name = "geogate",
@@ -41,6 +43,34 @@ enum Command {
         #[arg(long)]
         embedded_broker: bool,
     },
+    /// The whole product in one command: embedded broker, pipeline, the
+    /// bundled shift-change capture, live progress and an HTML report.
+    Demo {
+        #[arg(long, default_value = "config/geogate.toml")]
+        config: PathBuf,
+    },
+    /// Record messages from a broker into a capture file.
+    Record {
+        /// Broker, as mqtt://HOST:PORT.
+        #[arg(long)]
+        mqtt: String,
+        /// Topic filter; repeat for several.
+        #[arg(long, default_value = "#")]
+        topic: Vec<String>,
+        #[arg(long)]
+        out: PathBuf,
+        /// Stop after this long (e.g. 60s, 5m); default: until Ctrl-C.
+        #[arg(long, value_parser = parse_duration)]
+        duration: Option<std::time::Duration>,
+    },
+    /// Replay a capture: live to a broker, or in virtual time through gates.
+    Replay(ReplayArgs),
+    /// Generate deterministic synthetic captures.
+    #[command(subcommand)]
+    Synth(SynthCommand),
+    /// Deterministic labs that show what the gates do.
+    #[command(subcommand)]
+    Lab(LabCommand),
     /// Validate a configuration file.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -62,6 +92,114 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
     },
+}
+
+#[derive(clap::Args)]
+struct ReplayArgs {
+    file: PathBuf,
+    /// Publish to this broker (mqtt://HOST:PORT) with the original pacing.
+    #[arg(long, conflicts_with = "virtual_time")]
+    mqtt: Option<String>,
+    /// Speed-up over the original pacing (live replay).
+    #[arg(long, conflicts_with = "max_rate")]
+    speed: Option<f64>,
+    /// Cap on messages per second (live replay).
+    #[arg(long)]
+    max_rate: Option<f64>,
+    /// Run through the codec, admission and queue model in virtual time.
+    #[arg(long = "virtual")]
+    virtual_time: bool,
+    /// A gate to compare (virtual), e.g. token:rate=32000,burst=24000; repeat.
+    #[arg(long)]
+    gate: Vec<geogate::admission::GateSpec>,
+    #[arg(long, default_value_t = 2)]
+    shards: usize,
+    #[arg(long, default_value_t = 4096)]
+    queue: usize,
+    #[arg(long, default_value_t = 0.6)]
+    watermark: f64,
+    /// Each shard worker's evaluations per second (virtual).
+    #[arg(long, default_value_t = 32000.0)]
+    service_rate: f64,
+    /// Write summary.csv, shed_per_second.csv/.svg and report.html here.
+    #[arg(long)]
+    report: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+}
+
+#[derive(Subcommand)]
+enum SynthCommand {
+    /// A fleet's overnight idle pings, the shift-start burst, then driving.
+    ShiftChange {
+        #[arg(long, default_value_t = 300)]
+        vehicles: usize,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 20.0)]
+        overnight_s: f64,
+        #[arg(long, default_value_t = 10.0)]
+        spread_s: f64,
+        #[arg(long, default_value_t = 40)]
+        buffered_pings: usize,
+        #[arg(long, default_value_t = 90.0)]
+        drive_s: f64,
+        #[arg(long, default_value_t = 0.01)]
+        malformed_share: f64,
+    },
+}
+
+#[derive(Subcommand)]
+enum LabCommand {
+    /// Token bucket vs leaky shaper in front of one 100 rps server.
+    Shaping {
+        #[arg(long, default_value = "lab-shaping")]
+        out: PathBuf,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+    },
+    /// Token bucket vs fixed window across a window boundary.
+    Window {
+        #[arg(long, default_value_t = 5.0)]
+        rate: f64,
+        #[arg(long, default_value_t = 3)]
+        burst: u32,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+    },
+    /// One gate over your trace (CSV t_ms[,cost]), with a b + r·t audit.
+    Trace {
+        #[arg(long)]
+        gate: geogate::admission::GateSpec,
+        #[arg(long)]
+        trace: PathBuf,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+    },
+}
+
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let (num, unit) = s.trim().split_at(
+        s.trim()
+            .find(|c: char| c.is_alphabetic())
+            .unwrap_or(s.trim().len()),
+    );
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a duration like 60s or 5m"))?;
+    let secs = match unit {
+        "" | "s" => v,
+        "ms" => v / 1000.0,
+        "m" => v * 60.0,
+        "h" => v * 3600.0,
+        _ => return Err(format!("{s:?}: unit must be ms, s, m or h")),
+    };
+    if !(secs.is_finite() && secs > 0.0) {
+        return Err(format!("{s:?}: must be > 0"));
+    }
+    Ok(std::time::Duration::from_secs_f64(secs))
 }
 
 #[derive(Subcommand)]
@@ -92,6 +230,47 @@ fn main() -> Result<ExitCode> {
             config,
             embedded_broker,
         } => run(config, embedded_broker),
+        Command::Demo { config } => commands::demo(config),
+        Command::Record {
+            mqtt,
+            topic,
+            out,
+            duration,
+        } => commands::record(mqtt, topic, out, duration),
+        Command::Replay(args) => commands::replay(args),
+        Command::Synth(SynthCommand::ShiftChange {
+            vehicles,
+            seed,
+            out,
+            overnight_s,
+            spread_s,
+            buffered_pings,
+            drive_s,
+            malformed_share,
+        }) => {
+            let params = geogate::synth::ShiftChange {
+                vehicles,
+                seed,
+                overnight_s,
+                spread_s,
+                buffered_pings,
+                drive_s,
+                malformed_share,
+                ..Default::default()
+            };
+            commands::synth(params, out)
+        }
+        Command::Lab(LabCommand::Shaping { out, format }) => commands::lab_shaping(out, format),
+        Command::Lab(LabCommand::Window {
+            rate,
+            burst,
+            format,
+        }) => commands::lab_window(rate, burst, format),
+        Command::Lab(LabCommand::Trace {
+            gate,
+            trace,
+            format,
+        }) => commands::lab_trace(gate, trace, format),
         Command::Config(ConfigCommand::Check { file, format }) => config_check(file, format),
         Command::Eval {
             fences,
@@ -194,7 +373,7 @@ fn run(config_path: PathBuf, embedded_broker: bool) -> Result<ExitCode> {
             geogate::metrics::install(addr)?;
             tracing::info!("metrics on http://{addr}/metrics");
         }
-        let balance = geogate::pipeline::run(config, shutdown_signal(), |reloader| {
+        let balance = geogate::pipeline::run(config, shutdown_signal(), |reloader, _view| {
             tokio::spawn(reload_on_sighup(reloader));
         })
         .await?;

@@ -59,6 +59,29 @@ impl FenceReloader {
     }
 }
 
+/// A read-only view of a running pipeline, for progress displays.
+pub struct PipelineView {
+    pub accounting: Arc<Accounting>,
+    /// Weak handles: they must not keep the queues open at shutdown.
+    queues: Vec<mpsc::WeakSender<shard::Admitted>>,
+    pub queue_capacity: usize,
+    pub watermark: f64,
+}
+
+impl PipelineView {
+    /// Each shard's queue fill as a fraction of its capacity.
+    pub fn queue_fill(&self) -> Vec<f64> {
+        self.queues
+            .iter()
+            .map(|w| {
+                w.upgrade().map_or(0.0, |tx| {
+                    (tx.max_capacity() - tx.capacity()) as f64 / tx.max_capacity() as f64
+                })
+            })
+            .collect()
+    }
+}
+
 /// Polls a connection that only publishes (events, dead-letter mirror).
 async fn drive_output(mut eventloop: rumqttc::EventLoop) {
     loop {
@@ -70,11 +93,11 @@ async fn drive_output(mut eventloop: rumqttc::EventLoop) {
 }
 
 /// Runs the pipeline until `shutdown` resolves; returns the final balance.
-/// `on_ready` receives the fence reloader once everything is running.
+/// `on_ready` receives the fence reloader and a view once everything runs.
 pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()>,
-    on_ready: impl FnOnce(FenceReloader),
+    on_ready: impl FnOnce(FenceReloader, PipelineView),
 ) -> Result<Balance, PipelineError> {
     let fences = load_fences(&config.fences.path)?;
     tracing::info!(fences = fences.len(), "fences loaded");
@@ -149,9 +172,11 @@ pub async fn run(
     let clock = MonotonicClock::new();
     let (deadline_tx, deadline_rx) = watch::channel(None);
     let mut inputs = Vec::with_capacity(shard_count);
+    let mut queues = Vec::with_capacity(shard_count);
     let mut workers = Vec::with_capacity(shard_count);
     for shard in 0..shard_count {
         let (tx, rx) = mpsc::channel(capacity);
+        queues.push(tx.downgrade());
         let gate = config
             .gate
             .build()
@@ -199,7 +224,13 @@ pub async fn run(
         control.clone(),
         accounting.clone(),
     ));
-    on_ready(reloader);
+    let view = PipelineView {
+        accounting: accounting.clone(),
+        queues,
+        queue_capacity: capacity,
+        watermark: config.pipeline.watermark,
+    };
+    on_ready(reloader, view);
 
     shutdown.await;
     tracing::info!("shutting down: intake closed, draining");

@@ -301,6 +301,7 @@ pub async fn worker(
         for t in &transitions {
             transitions_metric[t.event as usize].increment(1);
         }
+        ctx.accounting.transitions(transitions.len() as u64);
         ctx.events.emit(&transitions).await;
         ctx.accounting.evaluated();
         evaluated.increment(1);
