@@ -1,0 +1,341 @@
+//! Capture, synth, replay (virtual and live), record, the labs and the demo,
+//! through the real binary.
+
+mod support;
+
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn geogate(args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_geogate"))
+        .args(args)
+        .output()
+        .expect("run geogate");
+    assert!(
+        out.status.success(),
+        "geogate {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
+}
+
+fn small_capture(dir: &Path) -> String {
+    let path = dir.join("small.ndjson.gz").display().to_string();
+    geogate(&[
+        "synth",
+        "shift-change",
+        "--vehicles",
+        "30",
+        "--seed",
+        "7",
+        "--drive-s",
+        "20",
+        "--out",
+        &path,
+    ]);
+    path
+}
+
+#[test]
+fn virtual_replay_is_byte_identical_across_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let capture = small_capture(dir.path());
+    let run = |report: &str| {
+        let report = dir.path().join(report).display().to_string();
+        let out = geogate(&[
+            "replay",
+            &capture,
+            "--virtual",
+            "--gate",
+            "token:rate=50,burst=100",
+            "--gate",
+            "leaky_meter:rate=50,burst=100",
+            "--gate",
+            "leaky_shaper:rate=50,burst=100",
+            "--shards",
+            "2",
+            "--queue",
+            "64",
+            "--service-rate",
+            "150",
+            "--report",
+            &report,
+            "--format",
+            "json",
+        ]);
+        let files: Vec<Vec<u8>> = [
+            "summary.csv",
+            "shed_per_second.csv",
+            "shed_per_second.svg",
+            "report.html",
+        ]
+        .iter()
+        .map(|f| std::fs::read(Path::new(&report).join(f)).expect("report file"))
+        .collect();
+        (out.stdout, files)
+    };
+    let (a, files_a) = run("r1");
+    let (b, files_b) = run("r2");
+    assert_eq!(a, b, "identical JSON");
+    assert_eq!(files_a, files_b, "identical report files");
+    let report: Value = serde_json::from_slice(&a).unwrap();
+    let gates = report["gates"].as_array().unwrap();
+    assert_eq!(gates.len(), 3);
+    // Token bucket and meter decide identically; the burst sheds something.
+    assert_eq!(gates[0]["shed"], gates[1]["shed"]);
+    assert!(gates[0]["shed"].as_u64().unwrap() > 0, "{}", gates[0]);
+    for g in gates {
+        let total = g["admitted"].as_u64().unwrap()
+            + g["shed"].as_u64().unwrap()
+            + g["invalid"]
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|v| v.as_u64().unwrap())
+                .sum::<u64>();
+        assert_eq!(
+            total,
+            g["offered"].as_u64().unwrap(),
+            "every message accounted for"
+        );
+        assert_eq!(
+            g["shed_per_second"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap())
+                .sum::<u64>(),
+            g["shed"].as_u64().unwrap()
+        );
+    }
+}
+
+#[test]
+fn lab_shaping_matches_the_golden_csvs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("lab");
+    let printed = geogate(&[
+        "lab",
+        "shaping",
+        "--out",
+        out.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    for (produced, golden) in [
+        ("shaping.csv", "lab_shaping.csv"),
+        ("shaping_windows.csv", "lab_shaping_windows.csv"),
+    ] {
+        let a = std::fs::read(out.join(produced)).unwrap();
+        let b = std::fs::read(Path::new("tests/golden").join(golden)).unwrap();
+        assert!(a == b, "{produced} differs from tests/golden/{golden}");
+    }
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
+    for (file, sha) in manifest["outputs_sha256"].as_object().unwrap() {
+        assert_eq!(
+            sha.as_str().unwrap(),
+            geogate::report::sha256_file(&out.join(file)).unwrap(),
+            "{file}"
+        );
+    }
+    let rows = json(&printed);
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 20);
+    assert_eq!(rows[0]["limiter"], "token-bucket");
+    // Same decisions, different place to wait: the shaper never exceeds the
+    // server's 100 rps downstream; the token bucket's peak grows with b.
+    for (t, l) in rows[..10].iter().zip(&rows[10..]) {
+        assert_eq!(t["reject_pct"], l["reject_pct"]);
+        assert!(l["downstream_peak"].as_u64().unwrap() <= 100);
+    }
+    assert!(
+        rows[9]["downstream_peak"].as_u64().unwrap() > rows[0]["downstream_peak"].as_u64().unwrap()
+    );
+}
+
+#[test]
+fn lab_window_fixed_window_exceeds_its_limit_bucket_keeps_its_bound() {
+    let lab = json(&geogate(&[
+        "lab", "window", "--rate", "5", "--burst", "3", "--format", "json",
+    ]));
+    let bound = lab["bound_per_second"].as_f64().unwrap();
+    assert_eq!(bound, 8.0);
+    assert!(
+        lab["fixed_window"]["worst_second"].as_u64().unwrap() > 5,
+        "{lab}"
+    );
+    assert!(
+        lab["token_bucket"]["worst_second"].as_f64().unwrap() <= bound,
+        "{lab}"
+    );
+}
+
+#[test]
+fn lab_trace_reproduces_the_worked_examples() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = |name: &str, lines: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, lines).unwrap();
+        p.display().to_string()
+    };
+    // Capacity 20, refill 5/s: 20 at once, the 21st refused; 0.4 s later two
+    // more; after 2 s idle ten; a cost-5 request spends five.
+    let mut csv = String::from("t_ms,cost\n");
+    csv.push_str(&"0,1\n".repeat(21));
+    csv.push_str(&"400,1\n".repeat(3));
+    csv.push_str(&"2400,1\n".repeat(11));
+    csv.push_str("3400,5\n3400,1\n");
+    let r = json(&geogate(&[
+        "lab",
+        "trace",
+        "--gate",
+        "token:rate=5,burst=20",
+        "--trace",
+        &trace("a.csv", &csv),
+        "--format",
+        "json",
+    ]));
+    let admitted: Vec<bool> = r["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["admitted"].as_bool().unwrap())
+        .collect();
+    assert_eq!(admitted[..21].iter().filter(|a| **a).count(), 20);
+    assert!(!admitted[20]);
+    assert_eq!(r["decisions"][20]["retry_after_ms"].as_f64(), Some(200.0));
+    assert_eq!(admitted[21..24], [true, true, false]);
+    assert_eq!(admitted[24..35].iter().filter(|a| **a).count(), 10);
+    assert_eq!(admitted[35..], [true, false]);
+    assert_eq!(r["decisions"][35]["level_after"].as_f64(), Some(0.0));
+    assert_eq!(r["bound_holds"], true);
+
+    // r = 1/s, b = 3: twenty idle seconds hold three tokens.
+    let csv = format!("{}{}", "0\n".repeat(3), "20000\n".repeat(7));
+    let r = json(&geogate(&[
+        "lab",
+        "trace",
+        "--gate",
+        "token:rate=1,burst=3",
+        "--trace",
+        &trace("b.csv", &csv),
+        "--format",
+        "json",
+    ]));
+    let late: Vec<bool> = r["decisions"].as_array().unwrap()[3..]
+        .iter()
+        .map(|d| d["admitted"].as_bool().unwrap())
+        .collect();
+    assert_eq!(late.iter().filter(|a| **a).count(), 3);
+
+    // A shaper at 5/s given 20 at once releases the 20th 3.8 s after the first.
+    let r = json(&geogate(&[
+        "lab",
+        "trace",
+        "--gate",
+        "leaky_shaper:rate=5,burst=20",
+        "--trace",
+        &trace("c.csv", &"0\n".repeat(20)),
+        "--format",
+        "json",
+    ]));
+    let releases: Vec<f64> = r["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["release_ms"].as_f64().unwrap())
+        .collect();
+    assert_eq!((releases[0], releases[19]), (0.0, 3800.0));
+}
+
+#[test]
+fn record_captures_what_a_live_replay_publishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let capture = small_capture(dir.path());
+    let port = support::free_port();
+    geogate::broker::start(port).expect("embedded broker");
+    let url = format!("mqtt://127.0.0.1:{port}");
+    let recorded = dir.path().join("recorded.ndjson");
+    let mut recorder = Command::new(env!("CARGO_BIN_EXE_geogate"))
+        .args([
+            "record",
+            "--mqtt",
+            &url,
+            "--topic",
+            "fleet/#",
+            "--topic",
+            "owntracks/#",
+            "--out",
+            recorded.to_str().unwrap(),
+            "--duration",
+            "12s",
+        ])
+        .spawn()
+        .expect("record");
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    geogate(&["replay", &capture, "--mqtt", &url, "--speed", "25"]);
+    assert!(recorder.wait().unwrap().success());
+    let original = geogate::capture::read(Path::new(&capture)).unwrap();
+    let got = geogate::capture::read(&recorded).unwrap();
+    assert_eq!(got.len(), original.len());
+    let mut a: Vec<_> = original
+        .iter()
+        .map(|r| (r.topic.clone(), r.payload_bytes()))
+        .collect();
+    let mut b: Vec<_> = got
+        .iter()
+        .map(|r| (r.topic.clone(), r.payload_bytes()))
+        .collect();
+    a.sort();
+    b.sort();
+    assert_eq!(a, b, "every payload recorded byte for byte");
+}
+
+#[test]
+fn demo_runs_end_to_end_on_a_small_capture() {
+    let dir = tempfile::tempdir().unwrap();
+    let capture = small_capture(dir.path());
+    let config = std::fs::read_to_string("config/geogate.toml")
+        .unwrap()
+        .replace(
+            "# capture = \"replay/shift-change.ndjson.gz\"",
+            &format!("capture = \"{capture}\""),
+        )
+        .replace(
+            "# report_dir = \"geogate-report\"",
+            &format!("report_dir = \"{}/report\"", dir.path().display()),
+        )
+        .replace("# speed = 3.0 ", "speed = 10.0 ")
+        .replace("# port = 1883", &format!("port = {}", support::free_port()))
+        .replace(
+            "# listen = \"127.0.0.1:9464\"",
+            &format!("listen = \"127.0.0.1:{}\"", support::free_port()),
+        );
+    let path = dir.path().join("demo.toml");
+    std::fs::write(&path, config).unwrap();
+    let out = geogate(&["demo", "--config", path.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("accounting:"))
+        .expect("accounting line");
+    assert!(
+        line.ends_with("(balanced)") && line.contains("in_queue 0"),
+        "{line}"
+    );
+    let messages = geogate::capture::read(Path::new(&capture)).unwrap().len();
+    assert!(
+        line.starts_with(&format!("accounting: received {messages} ")),
+        "{line}"
+    );
+    let report = std::fs::read_to_string(dir.path().join("report/report.html")).unwrap();
+    assert!(report.contains("<svg") && report.contains("watermark"));
+    assert!(stdout.contains("queues s0"), "live progress was shown");
+}
