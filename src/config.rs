@@ -209,6 +209,9 @@ pub struct MetricsConfig {
     /// Prometheus exporter address; loopback unless you mean otherwise.
     pub listen: String,
     pub enabled: bool,
+    /// Opt-in: label transitions by fence id. One series per fence, so
+    /// only for fence sets small enough for Prometheus to hold.
+    pub per_fence_labels: bool,
 }
 
 impl Default for MetricsConfig {
@@ -216,6 +219,7 @@ impl Default for MetricsConfig {
         Self {
             listen: "127.0.0.1:9464".into(),
             enabled: true,
+            per_fence_labels: false,
         }
     }
 }

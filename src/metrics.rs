@@ -33,6 +33,46 @@ pub fn install(addr: SocketAddr) -> Result<(), MetricsError> {
     Ok(())
 }
 
+/// Creates every fixed-label series at zero, so that dashboards and alerts
+/// see a series (and a rate of 0) before the first event of a kind: a panel
+/// that shows "no data" until something goes wrong hides the wrong thing.
+pub fn register_zero_series(shards: usize, gate: &'static str) {
+    use crate::codec::Reason;
+    for name in [
+        "geogate_events_received_total",
+        "geogate_mqtt_reconnects_total",
+        "geogate_mqtt_left_for_redelivery_total",
+        "geogate_fixes_out_of_order_total",
+    ] {
+        metrics::counter!(name).increment(0);
+    }
+    for reason in Reason::ALL {
+        metrics::counter!("geogate_events_invalid_total", "reason" => reason.as_str()).increment(0);
+        metrics::counter!("geogate_dead_letter_written_total", "reason" => reason.as_str())
+            .increment(0);
+    }
+    metrics::counter!("geogate_dead_letter_written_total", "reason" => "shed").increment(0);
+    for kind in ["enter", "exit"] {
+        metrics::counter!("geogate_fence_transitions_total", "kind" => kind).increment(0);
+    }
+    for shard in 0..shards {
+        let label = shard.to_string();
+        metrics::counter!("geogate_events_shed_total", "shard" => label.clone(), "gate" => gate)
+            .increment(0);
+        metrics::counter!("geogate_events_evaluated_total", "shard" => label.clone()).increment(0);
+        metrics::counter!("geogate_backpressure_waits_total", "shard" => label.clone())
+            .increment(0);
+        for p in ["low", "high"] {
+            metrics::counter!("geogate_events_admitted_total", "shard" => label.clone(), "priority" => p).increment(0);
+        }
+        metrics::gauge!("geogate_gate_level", "shard" => label.clone()).increment(0.0);
+        metrics::gauge!("geogate_queue_depth", "shard" => label).increment(0.0);
+    }
+    metrics::gauge!("geogate_mqtt_connected").increment(0.0);
+    metrics::gauge!("geogate_events_in_queue").increment(0.0);
+    metrics::gauge!("geogate_mqtt_unacked").increment(0.0);
+}
+
 fn describe() {
     describe_counter!(
         "geogate_events_received_total",
@@ -108,6 +148,31 @@ fn describe() {
         "geogate_mqtt_unacked",
         Unit::Count,
         "QoS 1 messages received and not yet acked."
+    );
+    describe_gauge!(
+        "geogate_queue_watermark",
+        Unit::Count,
+        "Configured watermark as a fraction of queue capacity (for dashboards)."
+    );
+    describe_counter!(
+        "geogate_backpressure_waits_total",
+        Unit::Count,
+        "High-priority events that found their shard queue full and waited (never shed)."
+    );
+    describe_counter!(
+        "geogate_fixes_out_of_order_total",
+        Unit::Count,
+        "Fixes older than the vehicle's last evaluated fix: evaluated, changed nothing."
+    );
+    describe_gauge!(
+        "geogate_events_in_queue",
+        Unit::Count,
+        "Admitted events not yet evaluated (the in_queue term of the accounting line)."
+    );
+    describe_counter!(
+        "geogate_fence_transitions_by_fence_total",
+        Unit::Count,
+        "Transitions per fence; only with metrics.per_fence_labels = true."
     );
     describe_counter!(
         "geogate_mqtt_left_for_redelivery_total",

@@ -82,6 +82,28 @@ impl PipelineView {
     }
 }
 
+/// Keeps the queue gauges current between admissions (an idle queue would
+/// otherwise show its last busy depth forever).
+async fn refresh_gauges(
+    accounting: Arc<Accounting>,
+    queues: Vec<mpsc::WeakSender<shard::Admitted>>,
+) {
+    let depth: Vec<metrics::Gauge> = (0..queues.len())
+        .map(|s| metrics::gauge!("geogate_queue_depth", "shard" => s.to_string()))
+        .collect();
+    let in_queue = metrics::gauge!("geogate_events_in_queue");
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        in_queue.set(accounting.balance().in_queue as f64);
+        for (gauge, weak) in depth.iter().zip(&queues) {
+            if let Some(tx) = weak.upgrade() {
+                gauge.set((tx.max_capacity() - tx.capacity()) as f64);
+            }
+        }
+    }
+}
+
 /// Polls a connection that only publishes (events, dead-letter mirror).
 async fn drive_output(mut eventloop: rumqttc::EventLoop) {
     loop {
@@ -196,6 +218,7 @@ pub async fn run(
             accounting: accounting.clone(),
             sustained_rate: config.pipeline.sustained_rate,
             deadline: deadline_rx.clone(),
+            per_fence_labels: config.metrics.per_fence_labels,
         };
         workers.push(tokio::spawn(shard::worker(rx, evaluator, ctx)));
     }
@@ -230,6 +253,9 @@ pub async fn run(
         queue_capacity: capacity,
         watermark: config.pipeline.watermark,
     };
+    crate::metrics::register_zero_series(shard_count, config.gate.kind.as_str());
+    metrics::gauge!("geogate_queue_watermark").set(config.pipeline.watermark);
+    let gauges = tokio::spawn(refresh_gauges(view.accounting.clone(), view.queues.clone()));
     on_ready(reloader, view);
 
     shutdown.await;
@@ -243,6 +269,7 @@ pub async fn run(
     }
     let _ = acker.await;
     let _ = tokio::time::timeout(Duration::from_secs(5), poll).await;
+    gauges.abort();
     events.flush();
     if let Some(dl) = dead_letter.as_mut()
         && let Err(e) = dl.sync()

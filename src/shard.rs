@@ -47,6 +47,7 @@ pub struct ShardInput {
     shed: Counter,
     depth: Gauge,
     level: Gauge,
+    backpressure: Counter,
 }
 
 impl ShardInput {
@@ -65,7 +66,8 @@ impl ShardInput {
             }),
             shed: metrics::counter!("geogate_events_shed_total", "shard" => label.clone(), "gate" => gate.name()),
             depth: metrics::gauge!("geogate_queue_depth", "shard" => label.clone()),
-            level: metrics::gauge!("geogate_gate_level", "shard" => label),
+            level: metrics::gauge!("geogate_gate_level", "shard" => label.clone()),
+            backpressure: metrics::counter!("geogate_backpressure_waits_total", "shard" => label),
             tx,
             gate,
             shaper_lane,
@@ -176,6 +178,9 @@ impl Router {
         shard.depth.set(shard.len() as f64);
         match route {
             Route::Enqueue | Route::Backpressure => {
+                if shard.tx.capacity() == 0 {
+                    shard.backpressure.increment(1);
+                }
                 self.accounting.admitted();
                 shard.admitted[fix.priority as usize].increment(1);
                 // Backpressure: awaiting room stalls intake, never sheds.
@@ -252,6 +257,8 @@ pub struct WorkerContext {
     pub sustained_rate: f64,
     /// Set at shutdown: stop at this instant even if the queue is not empty.
     pub deadline: watch::Receiver<Option<Instant>>,
+    /// Label transitions by fence id (opt-in).
+    pub per_fence_labels: bool,
 }
 
 /// Drains one shard into its evaluator until the queue closes or the drain
@@ -271,6 +278,7 @@ pub async fn worker(
         (ctx.sustained_rate > 0.0).then(|| Duration::from_secs_f64(1.0 / ctx.sustained_rate));
     let mut next_slot = Instant::now();
     let mut transitions = Vec::new();
+    let mut seen_out_of_order = 0;
     loop {
         let item = tokio::select! {
             item = rx.recv() => item,
@@ -300,6 +308,15 @@ pub async fn worker(
         eval_time.record(started.elapsed().as_secs_f64());
         for t in &transitions {
             transitions_metric[t.event as usize].increment(1);
+            if ctx.per_fence_labels {
+                metrics::counter!("geogate_fence_transitions_by_fence_total", "fence" => t.fence.to_string(), "kind" => t.event.as_str()).increment(1);
+            }
+        }
+        let out_of_order = evaluator.stats().out_of_order;
+        if out_of_order > seen_out_of_order {
+            metrics::counter!("geogate_fixes_out_of_order_total")
+                .increment(out_of_order - seen_out_of_order);
+            seen_out_of_order = out_of_order;
         }
         ctx.accounting.transitions(transitions.len() as u64);
         ctx.events.emit(&transitions).await;

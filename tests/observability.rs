@@ -1,0 +1,233 @@
+//! The shipped dashboard and alert rules against a real Prometheus scraping
+//! a real geogate: every expression is valid, every panel query returns a
+//! series, and Prometheus's shed total equals geogate's own count.
+
+mod support;
+
+use serde_json::Value;
+use std::io::{Read, Write};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+use support::geogate::{GeogateProcess, Setup, native, publish_all};
+
+struct Prometheus {
+    port: u16,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// GET over HTTP/1.0 on loopback; returns the body.
+fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    raw.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
+}
+
+fn query(port: u16, expr: &str) -> Value {
+    let body = http_get(
+        port,
+        &format!("/api/v1/query?query={}", percent_encode(expr)),
+    )
+    .expect("prometheus answers");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{expr}: not JSON ({e}): {body}"))
+}
+
+fn scalar(port: u16, expr: &str) -> Option<f64> {
+    let v = query(port, expr);
+    v["data"]["result"].get(0)?["value"][1]
+        .as_str()?
+        .parse()
+        .ok()
+}
+
+fn start_prometheus(binary: &std::path::Path, target_port: u16) -> Prometheus {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = support::free_port();
+    let rules =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboards/prometheus/alerts.yml");
+    let config = format!(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\nscrape_configs:\n  - job_name: geogate\n    static_configs:\n      - targets: [\"127.0.0.1:{target_port}\"]\n",
+        rules.display()
+    );
+    std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
+    let child = Command::new(binary)
+        .arg(format!(
+            "--config.file={}",
+            dir.path().join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("prometheus.log")).unwrap())
+        .spawn()
+        .expect("spawn prometheus");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while http_get(port, "/-/ready").is_none_or(|b| !b.contains("Ready")) {
+        assert!(
+            Instant::now() < deadline,
+            "prometheus not ready within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Prometheus {
+        port,
+        child,
+        _dir: dir,
+    }
+}
+
+/// Every PromQL expression in the dashboard, with Grafana's variables
+/// replaced by what they expand to when "All" is selected.
+fn dashboard_exprs() -> Vec<(String, String)> {
+    let dash: Value =
+        serde_json::from_str(&std::fs::read_to_string("dashboards/grafana/geogate.json").unwrap())
+            .unwrap();
+    assert!(dash["schemaVersion"].as_u64().unwrap() >= 36);
+    let vars: Vec<&str> = dash["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(vars, ["datasource", "shard"]);
+    let mut out = Vec::new();
+    for panel in dash["panels"].as_array().unwrap() {
+        for t in panel["targets"].as_array().unwrap() {
+            let expr = t["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$__rate_interval", "20s")
+                .replace("$shard", ".*");
+            out.push((panel["title"].as_str().unwrap().to_owned(), expr));
+        }
+    }
+    out
+}
+
+fn alert_exprs() -> Vec<String> {
+    std::fs::read_to_string("dashboards/prometheus/alerts.yml")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("expr:"))
+        .map(|e| e.trim().to_owned())
+        .collect()
+}
+
+#[test]
+fn dashboard_and_alerts_work_against_a_real_prometheus() {
+    let Some(prometheus_bin) = support::require(
+        "prometheus (apt-get install prometheus)",
+        support::binary("prometheus"),
+    ) else {
+        return;
+    };
+    if let Some(promtool) = support::binary("promtool") {
+        let ok = Command::new(promtool)
+            .args(["check", "rules", "dashboards/prometheus/alerts.yml"])
+            .status()
+            .unwrap();
+        assert!(ok.success(), "promtool check rules");
+    }
+    let broker_port = support::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let setup = Setup {
+        broker_port,
+        embedded: true,
+        client_id: "geogate-prom",
+        extra_pipeline: "queue_capacity = 40\nsustained_rate = 500",
+        gate: "kind = \"token\"\nrate = 0.001\nburst = 10",
+        events_mqtt: false,
+    };
+    let geogate = GeogateProcess::start(dir.path(), &setup);
+    let prometheus = start_prometheus(&prometheus_bin, geogate.metrics_port);
+
+    // A burst of pings that crosses the watermark, some High movement
+    // through the fences, and a few bad payloads.
+    let t0 = 1_750_000_000_000i64;
+    let mut stream: Vec<_> = (0..300)
+        .map(|i| native("idler", t0 + i, 50.5, 10.5, 0.0, "ping"))
+        .collect();
+    for (i, lon) in [10.015, 10.005, 10.025, 10.04].iter().enumerate() {
+        stream.push(native(
+            "mover",
+            t0 + 1000 * i as i64,
+            50.005,
+            *lon,
+            40.0,
+            "move",
+        ));
+    }
+    stream.push(("fleet/x/telemetry".into(), b"not json".to_vec()));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(publish_all(broker_port, &stream, None));
+    geogate.wait_processed(stream.len() as f64, 60);
+
+    // Wait until Prometheus has scraped the final state, then two more.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while scalar(prometheus.port, "sum(geogate_events_received_total)") != Some(stream.len() as f64)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "prometheus never saw all {} messages",
+            stream.len()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+
+    for (title, expr) in dashboard_exprs() {
+        let v = query(prometheus.port, &expr);
+        assert_eq!(v["status"], "success", "panel {title:?}: {expr}: {v}");
+        let series = v["data"]["result"].as_array().map_or(0, Vec::len);
+        assert!(series > 0, "panel {title:?} returns no series: {expr}");
+    }
+    let alerts = alert_exprs();
+    assert_eq!(alerts.len(), 6);
+    for expr in alerts {
+        let v = query(prometheus.port, &expr);
+        assert_eq!(v["status"], "success", "alert {expr}: {v}");
+    }
+
+    let prom_shed = scalar(prometheus.port, "sum(geogate_events_shed_total)").expect("shed series");
+    let (ok, stdout) = geogate.terminate();
+    assert!(ok);
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("accounting:"))
+        .expect("accounting line");
+    let shed: f64 = line
+        .split("shed ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("shed count");
+    assert!(shed > 0.0, "the stream triggered shedding: {line}");
+    assert_eq!(
+        prom_shed, shed,
+        "Prometheus's shed total equals geogate's own count"
+    );
+}
