@@ -227,7 +227,7 @@ impl Default for MetricsConfig {
 mod defaults {
     use super::FsyncPolicy;
     pub fn max_packet_bytes() -> usize {
-        256 * 1024
+        8 * 1024 * 1024
     }
     pub fn keep_alive_s() -> u64 {
         30

@@ -67,25 +67,44 @@ pub fn free_port() -> u16 {
 pub struct Mosquitto {
     pub port: u16,
     child: std::process::Child,
+    binary: PathBuf,
+    conf: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl Mosquitto {
     /// Starts mosquitto, or returns `None` (skipping loudly) when absent.
     pub fn start() -> Option<Self> {
+        Self::start_with("persistence false\n")
+    }
+
+    /// Starts mosquitto with session persistence on disk.
+    pub fn start_persistent() -> Option<Self> {
+        Self::start_with("persistence true\nautosave_interval 1\n")
+    }
+
+    fn start_with(extra: &str) -> Option<Self> {
         let binary = require("mosquitto (apt-get install mosquitto)", binary("mosquitto"))?;
         let port = free_port();
         let dir = tempfile::tempdir().expect("tempdir");
+        // mosquitto started as root drops to its own user, which must be
+        // able to write the persistence file here.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777));
+        }
         let conf = dir.path().join("mosquitto.conf");
         std::fs::write(
             &conf,
             format!(
-                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n\
-                 max_inflight_messages 1000\nmax_queued_messages 200000\nlog_type error\n"
+                "listener {port} 127.0.0.1\nallow_anonymous true\n{extra}persistence_location {}/\n\
+                 max_inflight_messages 1000\nmax_queued_messages 200000\nlog_type error\n",
+                dir.path().display()
             ),
         )
         .expect("write mosquitto.conf");
-        let child = Command::new(binary)
+        let child = Command::new(&binary)
             .arg("-c")
             .arg(&conf)
             .spawn()
@@ -94,8 +113,25 @@ impl Mosquitto {
         Some(Self {
             port,
             child,
+            binary,
+            conf,
             _dir: dir,
         })
+    }
+
+    /// Stops mosquitto cleanly (it saves its sessions) and starts it again
+    /// on the same port.
+    pub fn restart(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+        self.child = Command::new(&self.binary)
+            .arg("-c")
+            .arg(&self.conf)
+            .spawn()
+            .expect("respawn mosquitto");
+        wait_for_port(self.port);
     }
 }
 

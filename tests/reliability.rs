@@ -1,0 +1,329 @@
+//! Faults and bad input, through real brokers: nothing that matters is
+//! lost, everything refused is counted with its reason, and the process
+//! stays up.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+use support::geogate::{GeogateProcess, Message, Setup, native, publish_all, read_ndjson};
+
+const T0: i64 = 1_750_000_000_000;
+
+fn msg(topic: &str, payload: impl Into<Vec<u8>>) -> Message {
+    (topic.to_owned(), payload.into())
+}
+
+/// At least 50 distinct bad payloads, each with the reason it must get.
+fn bad_corpus() -> Vec<(Message, &'static str)> {
+    let t = "fleet/bad/telemetry";
+    let good = r#"{"vehicle":"bad","ts":1750000000000,"lat":50.0,"lon":10.0,"speed_kmh":10,"kind":"move"}"#;
+    let mut c: Vec<(Message, &str)> = Vec::new();
+    for cut in [1, 5, 12, 20, 33, 47, 60, good.len() - 1] {
+        c.push((msg(t, &good.as_bytes()[..cut]), "malformed_json"));
+    }
+    for (field, value) in [
+        ("lat", "\"abc\""),
+        ("lon", "true"),
+        ("ts", "\"yesterday\""),
+        ("vehicle", "42"),
+        ("speed_kmh", "\"fast\""),
+        ("kind", "7"),
+        ("lat", "[1]"),
+        ("lon", "{}"),
+    ] {
+        let body = good.replacen(
+            &format!("\"{field}\":"),
+            &format!("\"{field}\":{value},\"was_{field}\":"),
+            1,
+        );
+        c.push((msg(t, body), "wrong_type"));
+    }
+    for (field, value) in [
+        ("lat", "\"NaN\""),
+        ("lon", "\"Infinity\""),
+        ("lat", "\"-Infinity\""),
+        ("speed_kmh", "\"NaN\""),
+        ("lon", "\"nan\""),
+    ] {
+        let body = good.replacen(
+            &format!("\"{field}\":"),
+            &format!("\"{field}\":{value},\"was_{field}\":"),
+            1,
+        );
+        c.push((msg(t, body), "non_finite"));
+    }
+    for (from, to) in [
+        ("\"lat\":50.0", "\"lat\":91"),
+        ("\"lat\":50.0", "\"lat\":-91"),
+        ("\"lon\":10.0", "\"lon\":181"),
+        ("\"lon\":10.0", "\"lon\":-181"),
+        ("\"speed_kmh\":10", "\"speed_kmh\":-1"),
+        ("\"kind\":\"move\"", "\"kind\":\"teleport\""),
+        ("\"kind\":\"move\"", "\"kind\":\"\""),
+        ("\"ts\":1750000000000", "\"ts\":7258118400000"),
+        ("\"ts\":1750000000000", "\"ts\":0"),
+        ("\"ts\":1750000000000", "\"ts\":-5"),
+        ("\"ts\":1750000000000", "\"ts\":1e300"),
+    ] {
+        c.push((msg(t, good.replacen(from, to, 1)), "out_of_range"));
+    }
+    c.push((msg(t, ""), "malformed_json"));
+    c.push((msg(t, vec![b'x'; 1 << 20]), "oversize"));
+    c.push((msg(t, vec![0xff, 0xfe, 0xfd]), "malformed_json"));
+    c.push((
+        msg(
+            t,
+            [&b"{\"vehicle\":\"\xc3\x28\""[..], b",\"ts\":1}"].concat(),
+        ),
+        "malformed_json",
+    ));
+    c.push((
+        msg(t, [good.as_bytes(), &[0x80]].concat()),
+        "malformed_json",
+    ));
+    c.push((
+        msg(t, format!("{}{}", "[".repeat(500), "]".repeat(500))),
+        "malformed_json",
+    ));
+    // Valid JSON nested 300 deep carries no known field: unknown format.
+    c.push((
+        msg(t, format!("{}1{}", "{\"a\":".repeat(300), "}".repeat(300))),
+        "unknown_format",
+    ));
+    c.push((
+        msg(
+            t,
+            good.replacen("\"lat\":50.0", "\"lat\":50.0,\"lat\":51.0", 1),
+        ),
+        "malformed_json",
+    ));
+    c.push((
+        msg(
+            t,
+            good.replacen(
+                "\"vehicle\":\"bad\"",
+                "\"vehicle\":\"bad\",\"vehicle\":\"worse\"",
+                1,
+            ),
+        ),
+        "malformed_json",
+    ));
+    for v in ["[1,2]", "\"text\"", "42", "null", "true"] {
+        c.push((msg(t, v), "malformed_json"));
+    }
+    for v in [
+        "{}",
+        "{\"_type\":\"waypoint\",\"lat\":1,\"lon\":1}",
+        "{\"foo\":1}",
+    ] {
+        c.push((msg(t, v), "unknown_format"));
+    }
+    let ot = r#"{"_type":"location","lat":50.0,"lon":10.0,"tst":1750000000,"vel":20,"t":"u"}"#;
+    // Topics geogate subscribes to, but with an empty vehicle segment.
+    c.push((msg("owntracks//phone", ot), "missing_field"));
+    c.push((msg("owntracks/ann/", ot), "missing_field"));
+    c.push((msg("fleet//telemetry", ot), "missing_field"));
+    for field in ["lat", "lon", "ts"] {
+        let body = good.replacen(&format!("\"{field}\":"), &format!("\"gone_{field}\":"), 1);
+        c.push((msg(t, body), "missing_field"));
+    }
+    c
+}
+
+#[test]
+fn bad_input_corpus_through_mosquitto() {
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let corpus = bad_corpus();
+    assert!(corpus.len() >= 50, "corpus has {}", corpus.len());
+    let dir = tempfile::tempdir().unwrap();
+    let setup = Setup {
+        broker_port: broker.port,
+        embedded: false,
+        client_id: "geogate-corpus",
+        extra_pipeline: "",
+        gate: "kind = \"token\"\nrate = 1000\nburst = 1000",
+        events_mqtt: false,
+    };
+    let geogate = GeogateProcess::start(dir.path(), &setup);
+    // Good High events before, between and after the bad ones.
+    let mut stream = Vec::new();
+    let mut good = 0;
+    for (i, (m, _)) in corpus.iter().enumerate() {
+        if i % 10 == 0 {
+            let lon = if good % 2 == 0 { 10.005 } else { 10.025 };
+            stream.push(native(
+                "steady",
+                T0 + 1000 * good,
+                50.005,
+                lon,
+                30.0,
+                "move",
+            ));
+            good += 1;
+        }
+        stream.push(m.clone());
+    }
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(publish_all(broker.port, &stream, None));
+    geogate.wait_processed(stream.len() as f64, 60);
+    let (ok, stdout) = geogate.terminate();
+    assert!(ok, "still up and exits cleanly: {stdout}");
+
+    let letters = read_ndjson(&dir.path().join("dead-letter.ndjson"));
+    assert_eq!(
+        letters.len(),
+        corpus.len(),
+        "one dead letter per bad payload"
+    );
+    let mut expected: BTreeMap<&str, usize> = BTreeMap::new();
+    for (_, reason) in &corpus {
+        *expected.entry(reason).or_default() += 1;
+    }
+    let mut got: BTreeMap<&str, usize> = BTreeMap::new();
+    for l in &letters {
+        *got.entry(l["reason"].as_str().unwrap()).or_default() += 1;
+        assert!(!l["detail"].as_str().unwrap().is_empty());
+        assert!(
+            l["payload"].is_string() || l["payload_base64"].is_string(),
+            "payload kept: {l}"
+        );
+    }
+    assert_eq!(got, expected);
+    let events = read_ndjson(&dir.path().join("events.ndjson"));
+    assert_eq!(
+        events.iter().filter(|e| e["event"] == "enter").count() as i64,
+        good,
+        "every good fix evaluated"
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("accounting:"))
+        .unwrap();
+    assert_eq!(
+        line,
+        format!(
+            "accounting: received {} = invalid {} + shed 0 + evaluated {good} + in_queue 0 (balanced)",
+            stream.len(),
+            corpus.len()
+        )
+    );
+}
+
+#[test]
+fn sigterm_mid_burst_drains_and_balances() {
+    let port = support::free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let setup = Setup {
+        broker_port: port,
+        embedded: true,
+        client_id: "geogate-term",
+        extra_pipeline: "queue_capacity = 64\nsustained_rate = 300",
+        gate: "kind = \"token\"\nrate = 100\nburst = 50",
+        events_mqtt: false,
+    };
+    let geogate = GeogateProcess::start(dir.path(), &setup);
+    let stream: Vec<Message> = (0..3000)
+        .map(|i| {
+            native(
+                &format!("b{}", i % 50),
+                T0 + i,
+                50.5,
+                10.5,
+                if i % 3 == 0 { 30.0 } else { 0.0 },
+                "move",
+            )
+        })
+        .collect();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(publish_all(port, &stream, None));
+    // The worker is slow: most of the burst is still queued or unacked.
+    let (ok, stdout) = geogate.terminate();
+    assert!(ok, "exit 0 after SIGTERM: {stdout}");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("accounting:"))
+        .expect("accounting line");
+    assert!(line.ends_with("(balanced)"), "{line}");
+    // Every dead-letter line parses.
+    let letters = read_ndjson(&dir.path().join("dead-letter.ndjson"));
+    assert!(letters.iter().all(|l| l["reason"] == "shed"));
+}
+
+#[test]
+fn broker_restarts_lose_no_high_event() {
+    let Some(mut broker) = support::Mosquitto::start_persistent() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let setup = Setup {
+        broker_port: broker.port,
+        embedded: false,
+        client_id: "geogate-restarts",
+        extra_pipeline: "sustained_rate = 1500",
+        gate: "kind = \"token\"\nrate = 1000\nburst = 100",
+        events_mqtt: false,
+    };
+    let geogate = GeogateProcess::start(dir.path(), &setup);
+    // 4 batches of High fixes alternating between fences A and B (every
+    // fix is an enter), with a broker restart after each of the first three
+    // while geogate still has a backlog.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let mut published = BTreeSet::new();
+    for batch in 0..4i64 {
+        let stream: Vec<Message> = (0..600i64)
+            .map(|i| {
+                let n = batch * 600 + i;
+                let (v, k) = (n % 20, n / 20);
+                published.insert((format!("r{v}"), T0 + 1000 * k));
+                native(
+                    &format!("r{v}"),
+                    T0 + 1000 * k,
+                    50.005,
+                    if k % 2 == 0 { 10.005 } else { 10.025 },
+                    40.0,
+                    "move",
+                )
+            })
+            .collect();
+        runtime.block_on(publish_all(broker.port, &stream, None));
+        if batch < 3 {
+            broker.restart();
+            // Resumed with its stored session (subscriptions and unacked
+            // messages) before the next batch.
+            geogate.wait_for_log("session_present=true", batch as usize + 1);
+        }
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let entered = || -> BTreeSet<(String, i64)> {
+        read_ndjson(&dir.path().join("events.ndjson"))
+            .iter()
+            .filter(|e| e["event"] == "enter")
+            .map(|e| {
+                (
+                    e["vehicle"].as_str().unwrap().to_owned(),
+                    e["ts"].as_i64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    while entered() != published {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "lost: {:?}",
+            published.difference(&entered()).take(5).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let reconnects = geogate
+        .metrics()
+        .get("geogate_mqtt_reconnects_total")
+        .copied()
+        .unwrap_or(0.0);
+    assert!(reconnects >= 3.0, "reconnects counted: {reconnects}");
+    geogate.wait_for_log("connected to broker", 4);
+    let (ok, stdout) = geogate.terminate();
+    assert!(ok && stdout.contains("(balanced)"), "{stdout}");
+}
