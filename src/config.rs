@@ -90,6 +90,21 @@ pub struct MqttConfig {
     /// Most QoS 1 messages held unacked before intake stops reading.
     #[serde(default = "defaults::max_unacked")]
     pub max_unacked: usize,
+    /// MQTT over TLS (rustls): verify the broker against `ca_file`, and
+    /// optionally present a client certificate.
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM file of the CA(s) that signed the broker's certificate.
+    pub ca_file: PathBuf,
+    #[serde(default)]
+    pub client_cert_file: Option<PathBuf>,
+    #[serde(default)]
+    pub client_key_file: Option<PathBuf>,
 }
 
 impl fmt::Debug for MqttConfig {
@@ -105,6 +120,7 @@ impl fmt::Debug for MqttConfig {
             .field("max_packet_bytes", &self.max_packet_bytes)
             .field("keep_alive_s", &self.keep_alive_s)
             .field("max_unacked", &self.max_unacked)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -310,6 +326,25 @@ impl Config {
         }
         if self.mqtt.host.is_empty() {
             problem("mqtt.host", "must not be empty".into());
+        }
+        if let Some(tls) = &self.mqtt.tls {
+            if tls.client_cert_file.is_some() != tls.client_key_file.is_some() {
+                problem(
+                    "mqtt.tls",
+                    "client_cert_file and client_key_file go together".into(),
+                );
+            }
+            for (field, path) in [
+                ("mqtt.tls.ca_file", Some(&tls.ca_file)),
+                ("mqtt.tls.client_cert_file", tls.client_cert_file.as_ref()),
+                ("mqtt.tls.client_key_file", tls.client_key_file.as_ref()),
+            ] {
+                if let Some(path) = path
+                    && let Err(e) = std::fs::metadata(path)
+                {
+                    problem(field, format!("cannot read {}: {e}", path.display()));
+                }
+            }
         }
         if self.mqtt.max_unacked == 0 {
             problem("mqtt.max_unacked", "must be ≥ 1".into());

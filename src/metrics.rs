@@ -155,6 +155,11 @@ fn describe() {
         "Configured watermark as a fraction of queue capacity (for dashboards)."
     );
     describe_counter!(
+        "geogate_gate_admitted_total",
+        Unit::Count,
+        "Low-priority events the gate admitted above the watermark; bounded by b + r·t per shard."
+    );
+    describe_counter!(
         "geogate_backpressure_waits_total",
         Unit::Count,
         "High-priority events that found their shard queue full and waited (never shed)."

@@ -38,6 +38,8 @@ pub enum PipelineError {
     Events(std::io::Error),
     #[error("config: {0}")]
     Config(String),
+    #[error("mqtt: {0}")]
+    Mqtt(std::io::Error),
 }
 
 /// Handle for reloading fences while the pipeline runs.
@@ -148,20 +150,15 @@ pub async fn run(
 
     // Output connection: transitions and the dead-letter mirror.
     let needs_output = config.events.mqtt || dl.mqtt_topic.is_some();
-    let output = needs_output.then(|| {
-        let mut options = rumqttc::MqttOptions::new(
-            format!("{}-out", config.mqtt.client_id),
-            &config.mqtt.host,
-            config.mqtt.port,
-        );
-        options.set_keep_alive(Duration::from_secs(config.mqtt.keep_alive_s.max(5)));
-        if let Some(user) = &config.mqtt.username {
-            options.set_credentials(user, config.mqtt.password.clone().unwrap_or_default());
-        }
+    let output = if needs_output {
+        let id = format!("{}-out", config.mqtt.client_id);
+        let options = mqtt::connection(&config.mqtt, &id).map_err(PipelineError::Mqtt)?;
         let (client, eventloop) = AsyncClient::new(options, 10_000);
         tokio::spawn(drive_output(eventloop));
-        client
-    });
+        Some(client)
+    } else {
+        None
+    };
     let events = Arc::new(
         EventSink::new(
             config.events.path.as_deref(),
@@ -172,10 +169,9 @@ pub async fn run(
 
     // Intake connection.
     let max_unacked = config.mqtt.max_unacked;
-    let (client, eventloop) = AsyncClient::new(
-        mqtt::options(&config.mqtt, &config.mqtt.client_id),
-        max_unacked * 2 + 64,
-    );
+    let intake_options =
+        mqtt::options(&config.mqtt, &config.mqtt.client_id).map_err(PipelineError::Mqtt)?;
+    let (client, eventloop) = AsyncClient::new(intake_options, max_unacked * 2 + 64);
     let (intake_tx, intake_rx) = mpsc::channel(max_unacked.clamp(1, 1024));
     let (acker_tx, acker_rx) = mpsc::unbounded_channel();
     let acker = tokio::spawn(mqtt::acker(client.clone(), acker_rx, control.clone()));

@@ -48,6 +48,7 @@ pub struct ShardInput {
     depth: Gauge,
     level: Gauge,
     backpressure: Counter,
+    gate_admitted: Counter,
 }
 
 impl ShardInput {
@@ -67,7 +68,8 @@ impl ShardInput {
             shed: metrics::counter!("geogate_events_shed_total", "shard" => label.clone(), "gate" => gate.name()),
             depth: metrics::gauge!("geogate_queue_depth", "shard" => label.clone()),
             level: metrics::gauge!("geogate_gate_level", "shard" => label.clone()),
-            backpressure: metrics::counter!("geogate_backpressure_waits_total", "shard" => label),
+            backpressure: metrics::counter!("geogate_backpressure_waits_total", "shard" => label.clone()),
+            gate_admitted: metrics::counter!("geogate_gate_admitted_total", "shard" => label, "gate" => gate.name()),
             tx,
             gate,
             shaper_lane,
@@ -191,6 +193,7 @@ impl Router {
                 shard.level.set(shard.gate.level(now));
                 match decision {
                     Decision::Admit { release_at } => {
+                        shard.gate_admitted.increment(1);
                         self.accounting.admitted();
                         shard.admitted[0].increment(1);
                         match &shard.shaper_lane {

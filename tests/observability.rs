@@ -161,6 +161,7 @@ fn dashboard_and_alerts_work_against_a_real_prometheus() {
         extra_pipeline: "queue_capacity = 40\nsustained_rate = 500",
         gate: "kind = \"token\"\nrate = 0.001\nburst = 10",
         events_mqtt: false,
+        extra_mqtt: "",
     };
     let geogate = GeogateProcess::start(dir.path(), &setup);
     let prometheus = start_prometheus(&prometheus_bin, geogate.metrics_port);

@@ -72,6 +72,7 @@ fn check_known_stream(broker_port: u16, embedded: bool) {
         extra_pipeline: "queue_capacity = 40\nsustained_rate = 500",
         gate: "kind = \"token\"\nrate = 0.001\nburst = 10",
         events_mqtt: false,
+        extra_mqtt: "",
     };
     let geogate = GeogateProcess::start(dir.path(), &setup);
     let (burst, rest) = known_stream();
@@ -185,6 +186,7 @@ fn sigkill_mid_stream_loses_no_high_event() {
         extra_pipeline: "sustained_rate = 2000",
         gate: "kind = \"token\"\nrate = 1000\nburst = 100",
         events_mqtt: false,
+        extra_mqtt: "",
     };
     let mut geogate = GeogateProcess::start(dir.path(), &setup);
     // 20 vehicles alternate between fences A and B: every fix is an enter,
@@ -258,6 +260,7 @@ fn sighup_swaps_fences_from_that_point_on() {
         extra_pipeline: "",
         gate: "kind = \"token\"\nrate = 1000\nburst = 100",
         events_mqtt: true,
+        extra_mqtt: "",
     };
     let geogate = GeogateProcess::start(dir.path(), &setup);
     let runtime = tokio::runtime::Runtime::new().expect("runtime");

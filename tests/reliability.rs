@@ -146,6 +146,7 @@ fn bad_input_corpus_through_mosquitto() {
         extra_pipeline: "",
         gate: "kind = \"token\"\nrate = 1000\nburst = 1000",
         events_mqtt: false,
+        extra_mqtt: "",
     };
     let geogate = GeogateProcess::start(dir.path(), &setup);
     // Good High events before, between and after the bad ones.
@@ -223,6 +224,7 @@ fn sigterm_mid_burst_drains_and_balances() {
         extra_pipeline: "queue_capacity = 64\nsustained_rate = 300",
         gate: "kind = \"token\"\nrate = 100\nburst = 50",
         events_mqtt: false,
+        extra_mqtt: "",
     };
     let geogate = GeogateProcess::start(dir.path(), &setup);
     let stream: Vec<Message> = (0..3000)
@@ -265,6 +267,7 @@ fn broker_restarts_lose_no_high_event() {
         extra_pipeline: "sustained_rate = 1500",
         gate: "kind = \"token\"\nrate = 1000\nburst = 100",
         events_mqtt: false,
+        extra_mqtt: "",
     };
     let geogate = GeogateProcess::start(dir.path(), &setup);
     // 4 batches of High fixes alternating between fences A and B (every
@@ -326,4 +329,140 @@ fn broker_restarts_lose_no_high_event() {
     geogate.wait_for_log("connected to broker", 4);
     let (ok, stdout) = geogate.terminate();
     assert!(ok && stdout.contains("(balanced)"), "{stdout}");
+}
+
+/// Resident set size of a process, from /proc (Linux).
+fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+#[test]
+fn overload_at_ten_times_the_sustained_rate() {
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // Workers sustain 2 × 250 = 500 fixes/s; we offer 5,000/s for 4 s.
+    let setup = Setup {
+        broker_port: broker.port,
+        embedded: false,
+        client_id: "geogate-overload",
+        extra_pipeline: "queue_capacity = 256\nsustained_rate = 250",
+        gate: "kind = \"token\"\nrate = 100\nburst = 50",
+        events_mqtt: false,
+        extra_mqtt: "",
+    };
+    let geogate = GeogateProcess::start(dir.path(), &setup);
+    let mut stream = Vec::new();
+    let mut high = BTreeSet::new();
+    for i in 0..20_000i64 {
+        if i % 10 == 0 {
+            // 10% High, alternating fences so each one leaves an enter.
+            let (v, k) = (format!("h{}", (i / 10) % 20), i / 200);
+            high.insert((v.clone(), T0 + 1000 * k));
+            stream.push(native(
+                &v,
+                T0 + 1000 * k,
+                50.005,
+                if k % 2 == 0 { 10.005 } else { 10.025 },
+                40.0,
+                "move",
+            ));
+        } else {
+            stream.push(native(
+                &format!("p{}", i % 500),
+                T0 + i,
+                50.5,
+                10.5,
+                0.0,
+                "ping",
+            ));
+        }
+    }
+    let started = std::time::Instant::now();
+    let pid = geogate.pid();
+    let watcher = std::thread::spawn({
+        let port = geogate.metrics_port;
+        move || {
+            let (mut peak_rss, mut peak_unacked) = (0u64, 0.0f64);
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while std::time::Instant::now() < deadline {
+                peak_rss = peak_rss.max(rss_bytes(pid).unwrap_or(0));
+                let m = support::geogate::scrape(port);
+                peak_unacked =
+                    peak_unacked.max(m.get("geogate_mqtt_unacked").copied().unwrap_or(0.0));
+                let done = [
+                    "geogate_events_invalid_total",
+                    "geogate_events_shed_total",
+                    "geogate_events_evaluated_total",
+                ]
+                .iter()
+                .map(|k| m.get(*k).copied().unwrap_or(0.0))
+                .sum::<f64>();
+                if done >= 20_000.0 {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            (peak_rss, peak_unacked)
+        }
+    });
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(publish_all(
+        broker.port,
+        &stream,
+        Some(Duration::from_micros(200)),
+    ));
+    geogate.wait_processed(20_000.0, 60);
+    let elapsed = started.elapsed().as_secs_f64();
+    let (peak_rss, peak_unacked) = watcher.join().unwrap();
+    let m = geogate.metrics();
+    let (ok, stdout) = geogate.terminate();
+    assert!(ok && stdout.contains("(balanced)"), "{stdout}");
+
+    // No High event lost.
+    let entered: BTreeSet<(String, i64)> = read_ndjson(&dir.path().join("events.ndjson"))
+        .iter()
+        .filter(|e| e["event"] == "enter")
+        .map(|e| {
+            (
+                e["vehicle"].as_str().unwrap().to_owned(),
+                e["ts"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert!(
+        high.is_subset(&entered),
+        "lost High: {:?}",
+        high.difference(&entered).take(3).collect::<Vec<_>>()
+    );
+    // Memory stays bounded (queues, intake and unacked window are bounded).
+    assert!(
+        peak_rss > 0 && peak_rss < 150 * 1024 * 1024,
+        "peak RSS {peak_rss} bytes"
+    );
+    // Backpressure reached the broker: more unacked than one queue holds.
+    assert!(peak_unacked > 256.0, "peak unacked {peak_unacked}");
+    // The shed ratio follows the gate: above the watermark each shard's gate
+    // admitted at most b + r·t (token bucket, b = 50, r = 100/s).
+    let shed = m.get("geogate_events_shed_total").copied().unwrap_or(0.0);
+    let gated = m.get("geogate_gate_admitted_total").copied().unwrap_or(0.0);
+    let bound = 2.0 * (50.0 + 100.0 * elapsed);
+    assert!(shed > 5_000.0, "overload sheds low priority: {shed}");
+    assert!(
+        gated <= bound,
+        "gate admitted {gated} > b + r·t = {bound} over {elapsed:.1} s"
+    );
+    eprintln!(
+        "overload: {elapsed:.1} s, shed {shed}, gate admitted {gated} (bound {bound:.0}), peak RSS {} MiB, peak unacked {peak_unacked}",
+        peak_rss >> 20
+    );
 }

@@ -20,7 +20,7 @@
 //!
 //! **Reconnects.** rumqttc reconnects on the next poll after an error; the
 //! poll task sleeps a jittered exponential backoff (100 ms doubling to 10 s,
-//! ±50%) first, and resubscribes whenever the broker reports no session.
+//! ±50%) first, and subscribes again after every connect.
 
 use crate::accounting::Accounting;
 use crate::config::MqttConfig;
@@ -49,19 +49,57 @@ pub enum AckMsg {
     Done(u64),
 }
 
-/// Builds client options from config.
-pub fn options(config: &MqttConfig, client_id: &str) -> MqttOptions {
+/// Connection settings shared by the intake and output connections: host,
+/// keep-alive, packet cap, credentials and TLS.
+pub fn connection(config: &MqttConfig, client_id: &str) -> std::io::Result<MqttOptions> {
     let mut options = MqttOptions::new(client_id, &config.host, config.port);
     options
-        .set_clean_session(false)
-        .set_manual_acks(true)
         .set_keep_alive(Duration::from_secs(config.keep_alive_s.max(5)))
-        .set_max_packet_size(config.max_packet_bytes, config.max_packet_bytes)
-        .set_inflight(u16::try_from(config.max_unacked.min(u16::MAX as usize)).unwrap_or(u16::MAX));
+        .set_max_packet_size(config.max_packet_bytes, config.max_packet_bytes);
     if let Some(user) = &config.username {
         options.set_credentials(user, config.password.clone().unwrap_or_default());
     }
+    if let Some(tls) = &config.tls {
+        let read = |p: &std::path::Path| {
+            std::fs::read(p)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", p.display())))
+        };
+        let client_auth = match (&tls.client_cert_file, &tls.client_key_file) {
+            (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+            _ => None,
+        };
+        options.set_transport(rumqttc::Transport::tls_with_config(
+            rumqttc::TlsConfiguration::Simple {
+                ca: read(&tls.ca_file)?,
+                alpn: None,
+                client_auth,
+            },
+        ));
+    }
+    Ok(options)
+}
+
+/// Intake options: persistent session, manual acks, inflight window.
+pub fn options(config: &MqttConfig, client_id: &str) -> std::io::Result<MqttOptions> {
+    let mut options = connection(config, client_id)?;
     options
+        .set_clean_session(false)
+        .set_manual_acks(true)
+        .set_inflight(u16::try_from(config.max_unacked.min(u16::MAX as usize)).unwrap_or(u16::MAX));
+    Ok(options)
+}
+
+/// Says what an operator should check for the errors that need a human.
+fn explain(e: &rumqttc::ConnectionError) -> Option<&'static str> {
+    match e {
+        rumqttc::ConnectionError::ConnectionRefused(_) => Some(
+            "the broker refused the connection: check mqtt.username / mqtt.password and the broker's ACL",
+        ),
+        rumqttc::ConnectionError::Tls(_) => Some(
+            "TLS failed: check mqtt.tls.ca_file signs the broker's certificate, its name matches mqtt.host, and any client certificate",
+        ),
+        _ => None,
+    }
 }
 
 /// Jittered exponential backoff.
@@ -153,12 +191,30 @@ pub async fn poll_loop(
                 backoff.reset();
                 metrics::gauge!("geogate_mqtt_connected").set(1.0);
                 tracing::info!(session_present = ack.session_present, "connected to broker");
-                if !ack.session_present {
-                    for topic in &topics {
-                        if let Err(e) = client.try_subscribe(topic.clone(), QoS::AtLeastOnce) {
-                            tracing::error!("subscribe {topic}: {e}");
-                        }
-                    }
+                // Subscribe on every connect, not only when the broker says
+                // it has no session: re-subscribing an existing filter is
+                // harmless, and some brokers report a session whose
+                // subscriptions are gone (seen with mosquitto behind TLS).
+                // One SUBSCRIBE for all filters, so one SubAck confirms them all.
+                let filters = topics
+                    .iter()
+                    .map(|t| rumqttc::SubscribeFilter::new(t.clone(), QoS::AtLeastOnce));
+                if let Err(e) = client.try_subscribe_many(filters) {
+                    tracing::error!("subscribe {topics:?}: {e}");
+                }
+            }
+            Ok(Event::Incoming(Packet::SubAck(ack))) => {
+                let refused = ack
+                    .return_codes
+                    .iter()
+                    .filter(|c| matches!(c, rumqttc::SubscribeReasonCode::Failure))
+                    .count();
+                if refused > 0 {
+                    tracing::error!(
+                        "the broker refused {refused} subscription(s): check the broker's ACL for mqtt.topics"
+                    );
+                } else {
+                    tracing::info!("subscribed");
                 }
             }
             Ok(Event::Incoming(Packet::Publish(publish))) => {
@@ -193,7 +249,12 @@ pub async fn poll_loop(
                 metrics::gauge!("geogate_mqtt_connected").set(0.0);
                 metrics::counter!("geogate_mqtt_reconnects_total").increment(1);
                 let wait = backoff.step();
-                tracing::warn!("mqtt connection error: {e}; retrying in {wait:?}");
+                match explain(&e) {
+                    Some(hint) => {
+                        tracing::error!("mqtt connection error: {e}; {hint}; retrying in {wait:?}")
+                    }
+                    None => tracing::warn!("mqtt connection error: {e}; retrying in {wait:?}"),
+                }
                 tokio::time::sleep(wait).await;
             }
         }

@@ -31,6 +31,8 @@ pub struct Setup<'a> {
     pub gate: &'a str,
     /// Also publish transitions to `geogate/events/{vehicle}`.
     pub events_mqtt: bool,
+    /// Extra lines at the end of `[mqtt]` (credentials, a `[mqtt.tls]` table).
+    pub extra_mqtt: &'a str,
 }
 
 impl GeogateProcess {
@@ -43,6 +45,7 @@ port = {port}
 client_id = "{client_id}"
 topics = ["fleet/+/telemetry", "owntracks/+/+"]
 max_unacked = 1000
+{extra_mqtt}
 [embedded_broker]
 port = {port}
 [pipeline]
@@ -67,11 +70,21 @@ listen = "127.0.0.1:{metrics_port}"
             gate = setup.gate,
             dir = dir.display(),
             events_mqtt = setup.events_mqtt,
+            extra_mqtt = setup.extra_mqtt,
         )
     }
 
-    /// Writes the config (and `fences` if none yet) into `dir`, then starts.
+    /// Writes the config (and `fences` if none yet) into `dir`, starts, and
+    /// waits until geogate has connected to its broker.
     pub fn start(dir: &Path, setup: &Setup) -> Self {
+        let p = Self::launch(dir, setup);
+        p.wait_for_log("subscribed", 1);
+        p
+    }
+
+    /// Like [`Self::start`] without waiting for a connection (for tests of
+    /// refused connections).
+    pub fn launch(dir: &Path, setup: &Setup) -> Self {
         let metrics_port = free_port();
         if !dir.join("fences.geojson").exists() {
             std::fs::write(dir.join("fences.geojson"), FENCES_AB).expect("fences");
@@ -112,7 +125,6 @@ listen = "127.0.0.1:{metrics_port}"
             .spawn()
             .expect("spawn geogate");
         self.child = Some(child);
-        self.wait_for_log("connected to broker", 1);
     }
 
     /// Waits (≤ 20 s) until stderr.log holds `needle` at least `times` times.
@@ -152,7 +164,9 @@ listen = "127.0.0.1:{metrics_port}"
     pub fn kill_and_restart(&mut self) {
         self.signal("-KILL");
         let _ = self.child.take().expect("running").wait();
+        let before = std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default();
         self.spawn();
+        self.wait_for_log("subscribed", before.matches("subscribed").count() + 1);
     }
 
     /// SIGTERM; returns (exit success, stdout).
@@ -180,21 +194,7 @@ listen = "127.0.0.1:{metrics_port}"
 
     /// Sums each `geogate_*` metric over its labels, from `/metrics`.
     pub fn metrics(&self) -> HashMap<String, f64> {
-        let mut out = HashMap::new();
-        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)) else {
-            return out;
-        };
-        let _ = s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
-        let mut body = String::new();
-        let _ = s.read_to_string(&mut body);
-        for line in body.lines().filter(|l| l.starts_with("geogate_")) {
-            let Some((name, value)) = line.rsplit_once(' ') else {
-                continue;
-            };
-            let name = name.split('{').next().unwrap_or(name).to_owned();
-            *out.entry(name).or_default() += value.parse::<f64>().unwrap_or(0.0);
-        }
-        out
+        scrape(self.metrics_port)
     }
 
     /// Waits (≤ `secs`) until `received` reaches `n` and all of it is done.
@@ -227,6 +227,25 @@ impl Drop for GeogateProcess {
             let _ = child.wait();
         }
     }
+}
+
+/// Sums each `geogate_*` metric over its labels, from `/metrics` on `port`.
+pub fn scrape(port: u16) -> HashMap<String, f64> {
+    let mut out = HashMap::new();
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return out;
+    };
+    let _ = s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    for line in body.lines().filter(|l| l.starts_with("geogate_")) {
+        let Some((name, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let name = name.split('{').next().unwrap_or(name).to_owned();
+        *out.entry(name).or_default() += value.parse::<f64>().unwrap_or(0.0);
+    }
+    out
 }
 
 /// One MQTT message: topic and payload.

@@ -1,0 +1,21 @@
+//! Any topic and payload: decode must return Ok or a reasoned error, never
+//! panic, and an Ok fix must hold in-range, finite coordinates.
+#![no_main]
+
+use geogate::codec::{CodecSettings, decode};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    // First byte picks a topic; the rest is the payload.
+    let topics = ["fleet/v1/telemetry", "owntracks/ann/phone", "owntracks//x", "x", ""];
+    let (topic, payload) = match data.split_first() {
+        Some((b, rest)) => (topics[*b as usize % topics.len()], rest),
+        None => ("x", data),
+    };
+    let settings = CodecSettings::default();
+    if let Ok(fix) = decode(topic, payload, &settings) {
+        assert!(fix.lat.is_finite() && (-90.0..=90.0).contains(&fix.lat));
+        assert!(fix.lon.is_finite() && (-180.0..=180.0).contains(&fix.lon));
+        assert!(!fix.vehicle.is_empty());
+    }
+});

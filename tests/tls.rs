@@ -1,0 +1,215 @@
+//! MQTT over TLS with a password file, against a real mosquitto and
+//! certificates generated at test time: the right credentials get through,
+//! a wrong password and an untrusted certificate are refused with a clear
+//! error, and the password never reaches the logs.
+
+mod support;
+
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::Duration;
+use support::geogate::{GeogateProcess, Setup, read_ndjson};
+
+struct Pki {
+    ca: String,
+    server: (String, String),
+    client: (String, String),
+}
+
+fn ca(name: &str) -> (CertificateParams, KeyPair, String) {
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    let key = KeyPair::generate().unwrap();
+    let pem = params.self_signed(&key).unwrap().pem();
+    (params, key, pem)
+}
+
+fn leaf(names: &[&str], issuer: &Issuer<'_, KeyPair>) -> (String, String) {
+    let params =
+        CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    (
+        params.signed_by(&key, issuer).unwrap().pem(),
+        key.serialize_pem(),
+    )
+}
+
+fn new_pki(name: &str) -> Pki {
+    let (params, key, ca_pem) = ca(name);
+    let issuer = Issuer::new(params, key);
+    Pki {
+        ca: ca_pem,
+        server: leaf(&["localhost", "127.0.0.1"], &issuer),
+        client: leaf(&["geogate-client"], &issuer),
+    }
+}
+
+struct TlsBroker {
+    port: u16,
+    child: Child,
+}
+
+impl Drop for TlsBroker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.display().to_string()
+}
+
+fn start_broker(dir: &Path, pki: &Pki) -> Option<TlsBroker> {
+    let mosquitto = support::require("mosquitto", support::binary("mosquitto"))?;
+    let passwd_tool = support::require(
+        "mosquitto_passwd (mosquitto package)",
+        support::binary("mosquitto_passwd"),
+    )?;
+    let passwd = dir.join("passwd");
+    let ok = Command::new(passwd_tool)
+        .args(["-b", "-c"])
+        .arg(&passwd)
+        .args(["geogate", "s3cret-pa55"])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        for f in std::fs::read_dir(dir).unwrap() {
+            let _ =
+                std::fs::set_permissions(f.unwrap().path(), std::fs::Permissions::from_mode(0o644));
+        }
+        let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755));
+    }
+    let port = support::free_port();
+    let conf = format!(
+        "listener {port} 127.0.0.1\ncafile {}\ncertfile {}\nkeyfile {}\nrequire_certificate true\n\
+         allow_anonymous false\npassword_file {}\nlog_type error\n",
+        write(dir, "ca.pem", &pki.ca),
+        write(dir, "server.pem", &pki.server.0),
+        write(dir, "server.key", &pki.server.1),
+        passwd.display()
+    );
+    let conf = write(dir, "mosquitto.conf", &conf);
+    let child = Command::new(mosquitto).args(["-c", &conf]).spawn().unwrap();
+    support::wait_for_port(port);
+    Some(TlsBroker { port, child })
+}
+
+fn tls_section(dir: &Path, pki: &Pki, password: &str) -> String {
+    format!(
+        "username = \"geogate\"\npassword = \"{password}\"\n[mqtt.tls]\nca_file = \"{}\"\nclient_cert_file = \"{}\"\nclient_key_file = \"{}\"",
+        write(dir, "client-ca.pem", &pki.ca),
+        write(dir, "client.pem", &pki.client.0),
+        write(dir, "client.key", &pki.client.1)
+    )
+}
+
+fn setup<'a>(port: u16, extra: &'a str, id: &'a str) -> Setup<'a> {
+    Setup {
+        broker_port: port,
+        embedded: false,
+        client_id: id,
+        extra_pipeline: "",
+        gate: "kind = \"token\"\nrate = 100\nburst = 100",
+        events_mqtt: false,
+        extra_mqtt: extra,
+    }
+}
+
+#[test]
+fn tls_with_password_and_client_certificate() {
+    let certs = tempfile::tempdir().unwrap();
+    let pki = new_pki("geogate test CA");
+    let Some(broker) = start_broker(certs.path(), &pki) else {
+        return;
+    };
+
+    // The right CA, certificate and password: connected, and a fix
+    // published over TLS is evaluated.
+    let dir = tempfile::tempdir().unwrap();
+    let extra = tls_section(dir.path(), &pki, "s3cret-pa55");
+    let geogate = GeogateProcess::start(dir.path(), &setup(broker.port, &extra, "tls-ok"));
+    let Some(pub_tool) = support::binary("mosquitto_pub") else {
+        panic!("mosquitto_pub is needed next to mosquitto (package mosquitto-clients)");
+    };
+    let status = Command::new(pub_tool)
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &broker.port.to_string(),
+            "-q",
+            "1",
+            "-u",
+            "geogate",
+            "-P",
+            "s3cret-pa55",
+        ])
+        .args(["--cafile", &format!("{}/ca.pem", certs.path().display())])
+        .args([
+            "--cert",
+            &format!("{}/client.pem", dir.path().display()),
+            "--key",
+            &format!("{}/client.key", dir.path().display()),
+        ])
+        .args([
+            "-t",
+            "fleet/t1/telemetry",
+            "-m",
+            r#"{"vehicle":"t1","ts":1750000000000,"lat":50.005,"lon":10.005,"speed_kmh":20}"#,
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success(), "mosquitto_pub over TLS");
+    geogate.wait_processed(1.0, 20);
+    let (ok, _) = geogate.terminate();
+    assert!(ok);
+    assert_eq!(read_ndjson(&dir.path().join("events.ndjson")).len(), 1);
+    let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
+    assert!(
+        !log.contains("s3cret-pa55"),
+        "the password never reaches the log"
+    );
+
+    // A wrong password: refused, with an error that says what to check.
+    let dir = tempfile::tempdir().unwrap();
+    let extra = tls_section(dir.path(), &pki, "wrong-password");
+    let refused = GeogateProcess::launch(dir.path(), &setup(broker.port, &extra, "tls-badpass"));
+    refused.wait_for_log(
+        "the broker refused the connection: check mqtt.username / mqtt.password",
+        1,
+    );
+    let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
+    assert!(
+        !log.contains("connected to broker") && !log.contains("wrong-password"),
+        "{log}"
+    );
+    drop(refused);
+
+    // A broker certificate from a CA geogate does not trust: refused at the
+    // TLS handshake, with an error that says so.
+    let dir = tempfile::tempdir().unwrap();
+    let stranger = new_pki("some other CA");
+    let mut extra = tls_section(dir.path(), &pki, "s3cret-pa55");
+    extra = extra.replace(
+        &format!("{}/client-ca.pem", dir.path().display()),
+        &write(dir.path(), "stranger-ca.pem", &stranger.ca),
+    );
+    let untrusted =
+        GeogateProcess::launch(dir.path(), &setup(broker.port, &extra, "tls-untrusted"));
+    untrusted.wait_for_log("TLS failed: check mqtt.tls.ca_file", 1);
+    std::thread::sleep(Duration::from_millis(300));
+    let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
+    assert!(!log.contains("connected to broker"), "{log}");
+    assert!(
+        log.to_lowercase().contains("certificate"),
+        "names the certificate problem: {log}"
+    );
+}
