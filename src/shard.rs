@@ -189,44 +189,55 @@ impl Router {
                 let _ = shard.tx.send(admitted).await;
             }
             Route::Gate => {
-                let decision = shard.gate.try_admit(now, 1);
-                shard.level.set(shard.gate.level(now));
-                match decision {
-                    Decision::Admit { release_at } => {
-                        shard.gate_admitted.increment(1);
-                        self.accounting.admitted();
-                        shard.admitted[0].increment(1);
-                        match &shard.shaper_lane {
+                // A full queue refuses a low-priority event outright: only
+                // High waits for room, and a token is not spent on an event
+                // that could not be enqueued anyway.
+                let decision = if shard.tx.capacity() == 0 && shard.shaper_lane.is_none() {
+                    None
+                } else {
+                    let d = shard.gate.try_admit(now, 1);
+                    shard.level.set(shard.gate.level(now));
+                    Some(d)
+                };
+                let refusal = match decision {
+                    Some(Decision::Admit { release_at }) => {
+                        let queued = match &shard.shaper_lane {
                             Some(lane) if release_at > now => {
-                                let _ = lane.send((release_at, admitted));
+                                lane.send((release_at, admitted)).is_ok()
                             }
-                            _ => {
-                                let _ = shard.tx.send(admitted).await;
-                            }
+                            _ => shard.tx.try_send(admitted).is_ok(),
+                        };
+                        if queued {
+                            shard.gate_admitted.increment(1);
+                            self.accounting.admitted();
+                            shard.admitted[0].increment(1);
+                            return;
                         }
+                        ("the queue was full".to_owned(), None)
                     }
-                    Decision::Reject {
+                    Some(Decision::Reject {
                         retry_after,
                         reason,
-                    } => {
-                        self.accounting.shed();
-                        shard.shed.increment(1);
-                        let gate = shard.gate.name();
-                        let mut record = DeadLetter::new(
-                            unix_ms(),
-                            &item.topic,
-                            "shed",
-                            format!(
-                                "{gate} gate refused a low-priority event above the watermark ({reason:?})"
-                            ),
-                            &item.payload,
-                        );
-                        record.shard = Some(shard_index);
-                        record.gate = Some(gate.to_owned());
-                        record.retry_after_ms = retry_after.map(|ns| ns as f64 / 1e6);
-                        self.refuse(record, item.seq).await;
-                    }
-                }
+                    }) => (format!("{reason:?}"), retry_after),
+                    None => ("the queue was full".to_owned(), None),
+                };
+                self.accounting.shed();
+                shard.shed.increment(1);
+                let gate = shard.gate.name();
+                let mut record = DeadLetter::new(
+                    unix_ms(),
+                    &item.topic,
+                    "shed",
+                    format!(
+                        "{gate} gate refused a low-priority event above the watermark ({})",
+                        refusal.0
+                    ),
+                    &item.payload,
+                );
+                record.shard = Some(shard_index);
+                record.gate = Some(gate.to_owned());
+                record.retry_after_ms = refusal.1.map(|ns| ns as f64 / 1e6);
+                self.refuse(record, item.seq).await;
             }
         }
     }

@@ -9,7 +9,9 @@ use geogate::codec::{CodecSettings, decode};
 use geogate::model::Priority;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
-use support::geogate::{GeogateProcess, Message, Setup, native, publish_all, read_ndjson};
+use support::geogate::{
+    GeogateProcess, Message, Setup, entered_fixes, native, publish_all, read_ndjson,
+};
 
 const T0: i64 = 1_750_000_000_000;
 
@@ -222,18 +224,7 @@ fn sigkill_mid_stream_loses_no_high_event() {
     geogate.wait_processed(1000.0, 60);
     // Everything published before the kill is redelivered or was evaluated.
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let entered = |dir: &std::path::Path| -> BTreeSet<(String, i64)> {
-        read_ndjson(&dir.join("events.ndjson"))
-            .iter()
-            .filter(|e| e["event"] == "enter")
-            .map(|e| {
-                (
-                    e["vehicle"].as_str().unwrap().to_owned(),
-                    e["ts"].as_i64().unwrap(),
-                )
-            })
-            .collect()
-    };
+    let entered = |dir: &std::path::Path| entered_fixes(&dir.join("events.ndjson"));
     while entered(dir.path()) != published {
         assert!(
             std::time::Instant::now() < deadline,

@@ -57,7 +57,6 @@ shards = 2
 path = "{dir}/fences.geojson"
 [dead_letter]
 path = "{dir}/dead-letter.ndjson"
-fsync = "always"
 [events]
 path = "{dir}/events.ndjson"
 mqtt = {events_mqtt}
@@ -346,4 +345,19 @@ pub async fn collect(
         .await
         .expect("messages within 20 s");
     got
+}
+
+/// The (vehicle, fix time) of every `enter` in an events file: with fixes
+/// that alternate between fences A and B, one per evaluated fix.
+pub fn entered_fixes(events: &Path) -> std::collections::BTreeSet<(String, i64)> {
+    read_ndjson(events)
+        .iter()
+        .filter(|e| e["event"] == "enter")
+        .map(|e| {
+            (
+                e["vehicle"].as_str().unwrap_or("").to_owned(),
+                e["ts"].as_i64().unwrap_or(0),
+            )
+        })
+        .collect()
 }

@@ -75,12 +75,18 @@ pub struct Mosquitto {
 impl Mosquitto {
     /// Starts mosquitto, or returns `None` (skipping loudly) when absent.
     pub fn start() -> Option<Self> {
-        Self::start_with("persistence false\n")
+        Self::start_with("persistence false\nmax_inflight_messages 1000\n")
     }
 
     /// Starts mosquitto with session persistence on disk.
     pub fn start_persistent() -> Option<Self> {
-        Self::start_with("persistence true\nautosave_interval 1\n")
+        Self::start_with("persistence true\nautosave_interval 1\nmax_inflight_messages 1000\n")
+    }
+
+    /// Starts mosquitto with no inflight limit towards subscribers, so that
+    /// only the subscriber's own flow control (TCP, withheld acks) applies.
+    pub fn start_unlimited_inflight() -> Option<Self> {
+        Self::start_with("persistence false\nmax_inflight_messages 0\n")
     }
 
     fn start_with(extra: &str) -> Option<Self> {
@@ -99,7 +105,7 @@ impl Mosquitto {
             &conf,
             format!(
                 "listener {port} 127.0.0.1\nallow_anonymous true\n{extra}persistence_location {}/\n\
-                 max_inflight_messages 1000\nmax_queued_messages 200000\nlog_type error\n",
+                 max_queued_messages 200000\nlog_type error\n",
                 dir.path().display()
             ),
         )

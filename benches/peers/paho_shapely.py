@@ -1,0 +1,75 @@
+"""The peer a team without geogate would write: paho-mqtt + Shapely 2.
+
+Subscribes (QoS 1) to the fleet topics, decodes each JSON payload (native or
+OwnTracks), finds the covering fences with an STRtree, diffs each vehicle's
+membership, and counts enter/exit events. Prints one JSON line when it has
+handled --count messages: its rate from the first to the last message.
+
+Usage: python paho_shapely.py --port P --fences config/fences.geojson --count N
+"""
+import argparse
+import json
+import math
+import time
+
+import paho.mqtt.client as mqtt
+import shapely
+
+METRES_PER_DEGREE = 6_371_008.8 * math.pi / 180.0
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--port", type=int, required=True)
+ap.add_argument("--fences", required=True)
+ap.add_argument("--count", type=int, required=True)
+ap.add_argument("--qos", type=int, default=1)
+args = ap.parse_args()
+
+geoms, ids = [], []
+for f in json.load(open(args.fences))["features"]:
+    g = f["geometry"]
+    if g["type"] == "Point":
+        lon, lat = g["coordinates"]
+        r = f["properties"]["radius_m"] / METRES_PER_DEGREE
+        circle = shapely.Point(lon, lat).buffer(r, quad_segs=16)
+        geoms.append(shapely.affinity.scale(circle, 1 / math.cos(math.radians(lat)), 1))
+    else:
+        geoms.append(shapely.geometry.shape(g))
+    ids.append(f["id"])
+tree = shapely.STRtree(geoms)
+shapely.prepare(geoms)
+members = {}
+state = {"n": 0, "first": None, "last": None, "events": 0, "bad": 0}
+
+
+def on_message(client, userdata, msg):
+    now = time.perf_counter()
+    if state["first"] is None:
+        state["first"] = now
+    state["n"] += 1
+    try:
+        d = json.loads(msg.payload)
+        if "vehicle" in d:
+            vehicle, lat, lon = d["vehicle"], float(d["lat"]), float(d["lon"])
+        else:
+            vehicle = "/".join(msg.topic.split("/")[1:3])
+            lat, lon = float(d["lat"]), float(d["lon"])
+        hits = tree.query(shapely.Point(lon, lat), predicate="intersects")
+        now_in = {ids[i] for i in hits}
+        before = members.get(vehicle, set())
+        state["events"] += len(before - now_in) + len(now_in - before)
+        members[vehicle] = now_in
+    except Exception:
+        state["bad"] += 1
+    if state["n"] >= args.count:
+        state["last"] = time.perf_counter()
+        client.disconnect()
+
+
+client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"paho-peer-{time.time_ns()}")
+client.on_message = on_message
+client.on_connect = lambda c, u, f, rc, p=None: c.subscribe([("fleet/+/telemetry", args.qos), ("owntracks/+/+", args.qos)])
+client.connect("127.0.0.1", args.port)
+client.loop_forever()
+elapsed = state["last"] - state["first"]
+print(json.dumps({"peer": "paho+shapely", "messages": state["n"], "seconds": round(elapsed, 3),
+                  "rate": round(state["n"] / elapsed), "transitions": state["events"], "bad": state["bad"]}))
