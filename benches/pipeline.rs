@@ -78,12 +78,16 @@ fn run_pipeline(
             senders.push(tx);
             let mut evaluator = Evaluator::new(index.clone(), EvaluatorSettings::default());
             workers.push(tokio::spawn(async move {
-                let mut out = Vec::new();
+                let (mut out, mut batch) = (Vec::new(), Vec::with_capacity(256));
                 let mut n = 0;
-                while let Some(t) = rx.recv().await {
-                    out.clear();
-                    evaluator.evaluate(&t.vehicle, t.fix_time_ms, t.lat, t.lon, &mut out);
-                    n += 1;
+                // Drain in batches, as the shard worker does: one wake-up per
+                // batch rather than per event.
+                while rx.recv_many(&mut batch, 256).await > 0 {
+                    for t in batch.drain(..) {
+                        out.clear();
+                        evaluator.evaluate(&t.vehicle, t.fix_time_ms, t.lat, t.lon, &mut out);
+                        n += 1;
+                    }
                 }
                 n
             }));

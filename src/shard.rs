@@ -293,52 +293,63 @@ pub async fn worker(
     let mut next_slot = Instant::now();
     let mut transitions = Vec::new();
     let mut seen_out_of_order = 0;
-    loop {
-        let item = tokio::select! {
-            item = rx.recv() => item,
-            _ = wait_deadline(&mut ctx.deadline) => None,
+    let mut batch = Vec::with_capacity(256);
+    'batches: loop {
+        // One wake-up per batch, not per event: measured in
+        // benches/pipeline.rs, per-event parking cost a third of the time.
+        let received = tokio::select! {
+            n = rx.recv_many(&mut batch, 256) => n,
+            _ = wait_deadline(&mut ctx.deadline) => 0,
         };
-        let Some(item) = item else { break };
-        if ctx.fences.has_changed().unwrap_or(false) {
-            let index = ctx.fences.borrow_and_update().clone();
-            evaluator.swap_index(index);
+        if received == 0 {
+            break;
         }
-        if let Some(pace) = pace {
-            let now = Instant::now();
-            if next_slot > now {
-                tokio::time::sleep(next_slot - now).await;
+        for item in batch.drain(..) {
+            if ctx.deadline.borrow().is_some_and(|d| Instant::now() >= d) {
+                // Past the drain deadline: what is left stays unacked.
+                break 'batches;
             }
-            next_slot = next_slot.max(now) + pace;
-        }
-        let started = Instant::now();
-        transitions.clear();
-        evaluator.evaluate(
-            &item.vehicle,
-            item.fix_ms,
-            item.lat,
-            item.lon,
-            &mut transitions,
-        );
-        eval_time.record(started.elapsed().as_secs_f64());
-        for t in &transitions {
-            transitions_metric[t.event as usize].increment(1);
-            if ctx.per_fence_labels {
-                metrics::counter!("geogate_fence_transitions_by_fence_total", "fence" => t.fence.to_string(), "kind" => t.event.as_str()).increment(1);
+            if ctx.fences.has_changed().unwrap_or(false) {
+                let index = ctx.fences.borrow_and_update().clone();
+                evaluator.swap_index(index);
             }
-        }
-        let out_of_order = evaluator.stats().out_of_order;
-        if out_of_order > seen_out_of_order {
-            metrics::counter!("geogate_fixes_out_of_order_total")
-                .increment(out_of_order - seen_out_of_order);
-            seen_out_of_order = out_of_order;
-        }
-        ctx.accounting.transitions(transitions.len() as u64);
-        ctx.events.emit(&transitions).await;
-        ctx.accounting.evaluated();
-        evaluated.increment(1);
-        latency.record(item.received_at.elapsed().as_secs_f64());
-        if let Some(seq) = item.seq {
-            let _ = ctx.acker.send(AckMsg::Done(seq));
+            if let Some(pace) = pace {
+                let now = Instant::now();
+                if next_slot > now {
+                    tokio::time::sleep(next_slot - now).await;
+                }
+                next_slot = next_slot.max(now) + pace;
+            }
+            let started = Instant::now();
+            transitions.clear();
+            evaluator.evaluate(
+                &item.vehicle,
+                item.fix_ms,
+                item.lat,
+                item.lon,
+                &mut transitions,
+            );
+            eval_time.record(started.elapsed().as_secs_f64());
+            for t in &transitions {
+                transitions_metric[t.event as usize].increment(1);
+                if ctx.per_fence_labels {
+                    metrics::counter!("geogate_fence_transitions_by_fence_total", "fence" => t.fence.to_string(), "kind" => t.event.as_str()).increment(1);
+                }
+            }
+            let out_of_order = evaluator.stats().out_of_order;
+            if out_of_order > seen_out_of_order {
+                metrics::counter!("geogate_fixes_out_of_order_total")
+                    .increment(out_of_order - seen_out_of_order);
+                seen_out_of_order = out_of_order;
+            }
+            ctx.accounting.transitions(transitions.len() as u64);
+            ctx.events.emit(&transitions).await;
+            ctx.accounting.evaluated();
+            evaluated.increment(1);
+            latency.record(item.received_at.elapsed().as_secs_f64());
+            if let Some(seq) = item.seq {
+                let _ = ctx.acker.send(AckMsg::Done(seq));
+            }
         }
     }
 }
