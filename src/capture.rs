@@ -28,19 +28,12 @@ pub struct CaptureRecord {
 
 impl CaptureRecord {
     pub fn new(t_ns: u64, topic: impl Into<String>, payload: &[u8]) -> Self {
-        match std::str::from_utf8(payload) {
-            Ok(s) => Self {
-                t_ns,
-                topic: topic.into(),
-                payload: Some(s.to_owned()),
-                payload_base64: None,
-            },
-            Err(_) => Self {
-                t_ns,
-                topic: topic.into(),
-                payload: None,
-                payload_base64: Some(base64::engine::general_purpose::STANDARD.encode(payload)),
-            },
+        let (payload, payload_base64) = text_or_base64(payload);
+        Self {
+            t_ns,
+            topic: topic.into(),
+            payload,
+            payload_base64,
         }
     }
 
@@ -53,6 +46,19 @@ impl CaptureRecord {
                 .unwrap_or_default(),
             (None, None) => Vec::new(),
         }
+    }
+}
+
+/// A payload as JSON can carry it: `(Some(text), None)` when it is UTF-8,
+/// else `(None, Some(base64))`. Captures and dead letters both store
+/// payloads this way, so nothing is lost to an encoding.
+pub fn text_or_base64(payload: &[u8]) -> (Option<String>, Option<String>) {
+    match std::str::from_utf8(payload) {
+        Ok(s) => (Some(s.to_owned()), None),
+        Err(_) => (
+            None,
+            Some(base64::engine::general_purpose::STANDARD.encode(payload)),
+        ),
     }
 }
 

@@ -9,13 +9,11 @@ Usage: python paho_shapely.py --port P --fences config/fences.geojson --count N
 """
 import argparse
 import json
-import math
 import time
 
 import paho.mqtt.client as mqtt
 import shapely
-
-METRES_PER_DEGREE = 6_371_008.8 * math.pi / 180.0
+from fence_shapes import shapes
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--port", type=int, required=True)
@@ -24,17 +22,7 @@ ap.add_argument("--count", type=int, required=True)
 ap.add_argument("--qos", type=int, default=1)
 args = ap.parse_args()
 
-geoms, ids = [], []
-for f in json.load(open(args.fences))["features"]:
-    g = f["geometry"]
-    if g["type"] == "Point":
-        lon, lat = g["coordinates"]
-        r = f["properties"]["radius_m"] / METRES_PER_DEGREE
-        circle = shapely.Point(lon, lat).buffer(r, quad_segs=16)
-        geoms.append(shapely.affinity.scale(circle, 1 / math.cos(math.radians(lat)), 1))
-    else:
-        geoms.append(shapely.geometry.shape(g))
-    ids.append(f["id"])
+geoms, ids = shapes(json.load(open(args.fences))["features"])
 tree = shapely.STRtree(geoms)
 shapely.prepare(geoms)
 members = {}

@@ -2,8 +2,7 @@
 identical fences and points, exported by `cargo bench --bench geofence` to
 target/geofence-bench/<n>/. Single-threaded, like one geogate core.
 
-Circles (Points with radius_m) become 64-segment buffered polygons with the
-radius converted at the circle's latitude: the closest planar equivalent.
+Circles become polygons as in fence_shapes.py.
 
 Usage: .venv/bin/python benches/peers/shapely_strtree.py [target/geofence-bench]
 Prints one JSON line per fence count: points/s for the query alone (best of 5).
@@ -16,21 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import shapely
+from fence_shapes import shapes
 
-METRES_PER_DEGREE = 6_371_008.8 * math.pi / 180.0
 root = Path(sys.argv[1] if len(sys.argv) > 1 else "target/geofence-bench")
 for case in sorted(root.iterdir(), key=lambda p: int(p.name)):
     features = json.loads((case / "fences.geojson").read_text())["features"]
-    geoms = []
-    for f in features:
-        g = f["geometry"]
-        if g["type"] == "Point":
-            lon, lat = g["coordinates"]
-            r = f["properties"]["radius_m"] / METRES_PER_DEGREE
-            circle = shapely.Point(lon, lat).buffer(r, quad_segs=16)
-            geoms.append(shapely.affinity.scale(circle, 1 / math.cos(math.radians(lat)), 1))
-        else:
-            geoms.append(shapely.geometry.shape(g))
+    geoms, _ = shapes(features)
     xy = np.fromfile(case / "points.f64", dtype="<f8").reshape(-1, 2)
     points = shapely.points(xy)
     tree = shapely.STRtree(geoms)

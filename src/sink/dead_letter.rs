@@ -11,7 +11,6 @@
 //! tail, reports it, and starts the next record on a fresh line: never fatal.
 
 use crate::config::FsyncPolicy;
-use base64::Engine;
 use serde::{Deserialize, Serialize};
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
@@ -47,13 +46,7 @@ impl DeadLetter {
         detail: String,
         payload: &[u8],
     ) -> Self {
-        let (text, b64) = match std::str::from_utf8(payload) {
-            Ok(s) => (Some(s.to_owned()), None),
-            Err(_) => (
-                None,
-                Some(base64::engine::general_purpose::STANDARD.encode(payload)),
-            ),
-        };
+        let (text, b64) = crate::capture::text_or_base64(payload);
         Self {
             received_ms,
             topic: topic.to_owned(),
