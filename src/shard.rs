@@ -116,14 +116,15 @@ impl Router {
         self.dead_letter
     }
 
-    async fn refuse(&mut self, record: DeadLetter, seq: Option<u64>) {
+    /// `reason` is the record's reason as a static label, so the metric
+    /// costs no allocation per refusal.
+    async fn refuse(&mut self, reason: &'static str, record: DeadLetter, seq: Option<u64>) {
         if let Err(e) = self.dead_letter.write(&record) {
             // Not written, so not acked: the broker will redeliver it.
             tracing::error!("dead letter write failed, leaving message unacked: {e}");
             return;
         }
-        metrics::counter!("geogate_dead_letter_written_total", "reason" => record.reason.clone())
-            .increment(1);
+        metrics::counter!("geogate_dead_letter_written_total", "reason" => reason).increment(1);
         if let Some(m) = &self.mirror
             && let Ok(body) = serde_json::to_vec(&record)
         {
@@ -161,7 +162,7 @@ impl Router {
                     e.detail,
                     &item.payload,
                 );
-                self.refuse(record, item.seq).await;
+                self.refuse(e.reason.as_str(), record, item.seq).await;
                 return;
             }
         };
@@ -237,7 +238,7 @@ impl Router {
                 record.shard = Some(shard_index);
                 record.gate = Some(gate.to_owned());
                 record.retry_after_ms = refusal.1.map(|ns| ns as f64 / 1e6);
-                self.refuse(record, item.seq).await;
+                self.refuse("shed", record, item.seq).await;
             }
         }
     }

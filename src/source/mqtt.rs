@@ -162,6 +162,9 @@ pub async fn poll_loop(
     let mut acker = Some(acker);
     let mut backoff = Backoff::new();
     let mut seq = 0u64;
+    // Metric handles resolved once, not per message.
+    let received = metrics::counter!("geogate_events_received_total");
+    let left_for_redelivery = metrics::counter!("geogate_mqtt_left_for_redelivery_total");
     loop {
         if !control.open.load(Ordering::Acquire) {
             // Closing both lets the router drain and the acker finish.
@@ -222,11 +225,11 @@ pub async fn poll_loop(
                     .as_ref()
                     .filter(|_| control.open.load(Ordering::Acquire))
                 else {
-                    metrics::counter!("geogate_mqtt_left_for_redelivery_total").increment(1);
+                    left_for_redelivery.increment(1);
                     continue;
                 };
                 accounting.received();
-                metrics::counter!("geogate_events_received_total").increment(1);
+                received.increment(1);
                 let seq = (publish.qos != QoS::AtMostOnce).then(|| {
                     seq += 1;
                     seq
@@ -269,6 +272,7 @@ pub async fn acker(
 ) {
     // Registered, not yet acked, in receive order: (seq, publish, done).
     let mut pending: VecDeque<(u64, Box<Publish>, bool)> = VecDeque::new();
+    let unacked = metrics::gauge!("geogate_mqtt_unacked");
     while let Some(msg) = rx.recv().await {
         match msg {
             AckMsg::Register(seq, publish) => pending.push_back((seq, publish, false)),
@@ -285,7 +289,7 @@ pub async fn acker(
                 }
             }
         }
-        metrics::gauge!("geogate_mqtt_unacked").set(pending.len() as f64);
+        unacked.set(pending.len() as f64);
     }
     control.acks_flushed.store(true, Ordering::Release);
 }
