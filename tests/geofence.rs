@@ -329,3 +329,46 @@ fn rtree_agrees_with_linear_scan_on_100k_points() {
         "both hits and misses: {hits}"
     );
 }
+
+#[test]
+fn crowded_spots_agree_with_linear_scan() {
+    // 200 fences stacked on one square kilometre among 2,000 spread ones:
+    // the grid's cells there are crowded and the R-tree answers instead.
+    let (mut fences, area) = random_fences(9, 2_000, 0, 0);
+    let mut rng = SplitMix64::new(3);
+    let spot = area.random_point(&mut rng);
+    let mut features = Vec::new();
+    for i in 0..200 {
+        let c = Coord {
+            x: spot.x + rng.range(-0.005, 0.005),
+            y: spot.y + rng.range(-0.005, 0.005),
+        };
+        let r = rng.range(0.001, 0.004);
+        features.push(poly(
+            &format!("stack{i}"),
+            json!([[
+                [c.x - r, c.y - r],
+                [c.x + r, c.y - r],
+                [c.x + r, c.y + r],
+                [c.x - r, c.y + r],
+                [c.x - r, c.y - r]
+            ]]),
+        ));
+    }
+    let doc = json!({"type": "FeatureCollection", "features": features});
+    fences.extend(parse_fences(&doc.to_string()).expect("valid fences"));
+    let idx = FenceIndex::new(fences);
+    let (mut fast, mut slow) = (Vec::new(), Vec::new());
+    let mut most = 0;
+    for _ in 0..50_000 {
+        let p = Coord {
+            x: spot.x + rng.range(-0.02, 0.02),
+            y: spot.y + rng.range(-0.02, 0.02),
+        };
+        idx.containing(p, &mut fast);
+        idx.containing_linear(p, &mut slow);
+        assert_eq!(fast, slow, "at {p:?}");
+        most = most.max(fast.len());
+    }
+    assert!(most > 48, "the stack overlaps deeply: {most}");
+}

@@ -8,6 +8,7 @@
 pub mod evaluator;
 pub mod fences;
 pub mod generate;
+mod grid;
 pub mod index;
 pub mod ring;
 pub mod shape;
