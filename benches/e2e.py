@@ -1,17 +1,33 @@
 """End-to-end harness: geogate against its limits and peers on loopback.
 
-Measures, in one session, on the bundled capture's payloads:
-  (b) mosquitto_sub's raw delivery rate at QoS 0 and QoS 1 (the broker's
-      limit), and geogate's sustained ingest rate through the same broker;
-  (c) the paho-mqtt + Shapely peer (benches/peers/paho_shapely.py).
-Each consumer subscribes first; then `geogate replay --speed 1000` publishes
-the capture (as fast as the broker takes it). A rate is messages divided by
-the time from the consumer's first to its last message.
+Two phases, one mosquitto, and a synthetic shift-change capture (`geogate
+synth shift-change --vehicles 1500 --seed 2`: 204,779 messages, native and
+OwnTracks, 1% corrupt) written to a temporary directory:
 
-Usage: .venv/bin/python benches/e2e.py [--messages N]
+live      each consumer subscribes, then `geogate replay --speed 1000`
+          publishes the capture as fast as the broker takes it. Every fast
+          consumer is held to the publisher's rate here, so this phase shows
+          "keeps up with the stream", not a ceiling.
+preloaded every consumer first registers a persistent session and leaves;
+          the capture is published once while all are offline, so the broker
+          queues it for each; then the consumers come back one at a time and
+          drain. No publisher competes for the two cores, so these rates are
+          each consumer's own ceiling, and mosquitto_sub's is the broker's
+          raw delivery rate.
+
+Consumers: mosquitto_sub at QoS 0 and 1 (the limit; when draining it prints
+nothing and is timed by its wall clock), geogate run at QoS 0 and
+1 (2 shards, no worker cap, a gate that never sheds), and the paho-mqtt +
+Shapely peer (benches/peers/paho_shapely.py) at QoS 1. A rate is messages
+over the time from the consumer's first to its last message (geogate: first
+received to all evaluated or dead-lettered, from /metrics polled every 5 ms
+from the moment the process starts, so the rate is if anything understated).
+
+Usage: .venv/bin/python benches/e2e.py [--vehicles V] [--phase live|preloaded|both]
 Needs: mosquitto, mosquitto_sub, target/release/geogate, Shapely 2, paho-mqtt.
 """
 import argparse
+import gzip
 import json
 import os
 import socket
@@ -23,8 +39,12 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GEOGATE = os.path.join(ROOT, "target/release/geogate")
+PEER = os.path.join(ROOT, "benches/peers/paho_shapely.py")
+FENCES = os.path.join(ROOT, "config/fences.geojson")
+TOPICS = ["-t", "fleet/+/telemetry", "-t", "owntracks/+/+"]
 ap = argparse.ArgumentParser()
-ap.add_argument("--messages", type=int, default=40945)
+ap.add_argument("--vehicles", type=int, default=1500)
+ap.add_argument("--phase", choices=["live", "preloaded", "both"], default="both")
 args = ap.parse_args()
 
 
@@ -47,85 +67,178 @@ def wait_port(port):
 
 
 tmp = tempfile.mkdtemp()
+CAPTURE = os.path.join(tmp, "capture.ndjson.gz")
+subprocess.run([GEOGATE, "synth", "shift-change", "--vehicles", str(args.vehicles), "--seed", "2", "--out", CAPTURE],
+               stdout=subprocess.DEVNULL, check=True)
+with gzip.open(CAPTURE, "rt") as f:
+    N = sum(1 for _ in f)
 port = free_port()
 conf = os.path.join(tmp, "m.conf")
-open(conf, "w").write(f"listener {port} 127.0.0.1\nallow_anonymous true\nmax_inflight_messages 0\nmax_queued_messages 0\n")
+open(conf, "w").write(f"listener {port} 127.0.0.1\nallow_anonymous true\nmax_inflight_messages 0\n"
+                      "max_queued_messages 0\nqueue_qos0_messages true\n")
 broker = subprocess.Popen(["mosquitto", "-c", conf], stderr=subprocess.DEVNULL)
 wait_port(port)
-capture = os.path.join(ROOT, "replay/shift-change.ndjson.gz")
 
 
-def publish():
-    return subprocess.Popen([GEOGATE, "replay", capture, "--mqtt", f"mqtt://127.0.0.1:{port}", "--speed", "1000"],
+def publish_all():
+    subprocess.run([GEOGATE, "replay", CAPTURE, "--mqtt", f"mqtt://127.0.0.1:{port}", "--speed", "1000"],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=600)
+
+
+def publish_background():
+    return subprocess.Popen([GEOGATE, "replay", CAPTURE, "--mqtt", f"mqtt://127.0.0.1:{port}", "--speed", "1000"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-results = []
-for qos in (0, 1):
-    sub = subprocess.Popen(["mosquitto_sub", "-p", str(port), "-q", str(qos), "-t", "fleet/+/telemetry", "-t", "owntracks/+/+",
-                            "-C", str(args.messages), "-F", "%U"], stdout=subprocess.PIPE, text=True)
-    time.sleep(0.5)
-    pub = publish()
-    out, _ = sub.communicate(timeout=300)
-    pub.wait()
+def mosquitto_sub(qos, client_id=None, register_only=False):
+    cmd = ["mosquitto_sub", "-p", str(port), "-q", str(qos)] + TOPICS
+    if client_id:
+        cmd += ["-c", "-i", client_id]
+    cmd += ["-E"] if register_only else ["-C", str(N), "-F", "%U"]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+
+
+def drain_rate(qos, client_id):
+    """mosquitto_sub draining its queued session with no per-message output
+    (formatting and writing a line per message was its own bottleneck):
+    messages over the process's wall time, connect included."""
+    cmd = ["mosquitto_sub", "-p", str(port), "-q", str(qos), "-c", "-i", client_id, "-C", str(N)] + TOPICS
+    started = time.perf_counter()
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True, timeout=600)
+    return N, round(N / (time.perf_counter() - started))
+
+
+def sub_rate(proc):
+    out, _ = proc.communicate(timeout=600)
     stamps = [float(l) for l in out.split()]
-    rate = len(stamps) / (stamps[-1] - stamps[0])
-    results.append({"consumer": f"mosquitto_sub qos{qos}", "messages": len(stamps), "rate": round(rate)})
-
-# geogate: no worker cap, a gate that never sheds, default queues.
-mport = free_port()
-cfg = open(os.path.join(ROOT, "config/geogate.toml")).read()
-cfg = cfg.replace("port = 1883\n", f"port = {port}\n", 1).replace('client_id = "geogate-1"', f'client_id = "bench-{time.time_ns()}"')
-cfg = cfg.replace('# listen = "127.0.0.1:9464"', f'listen = "127.0.0.1:{mport}"').replace('path = "geogate-dead-letter.ndjson"', f'path = "{tmp}/dl.ndjson"')
-cfg = cfg.replace('path = "config/fences.geojson"', f'path = "{ROOT}/config/fences.geojson"').replace("mqtt = true ", "mqtt = false ")
-cfg = cfg.replace("rate = 32000 ", "rate = 1000000 ").replace("burst = 24000 ", "burst = 1000000 ")
-open(os.path.join(tmp, "g.toml"), "w").write(cfg)
-gg = subprocess.Popen([GEOGATE, "run", "--config", os.path.join(tmp, "g.toml")], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-time.sleep(1.0)
+    return len(stamps), round(len(stamps) / (stamps[-1] - stamps[0]))
 
 
-def received():
+def geogate_config(client_id, qos):
+    """The example config on this broker: no worker cap, a gate that never sheds."""
+    mport = free_port()
+    cfg = open(os.path.join(ROOT, "config/geogate.toml")).read()
+    for old, new in [("port = 1883\n", f"port = {port}\n"), ('client_id = "geogate-1"', f'client_id = "{client_id}"'),
+                     ("# subscribe_qos = 1 ", f"subscribe_qos = {qos} "),
+                     ('# listen = "127.0.0.1:9464"', f'listen = "127.0.0.1:{mport}"'),
+                     ('path = "geogate-dead-letter.ndjson"', f'path = "{tmp}/dl-{client_id}.ndjson"'),
+                     ('path = "config/fences.geojson"', f'path = "{FENCES}"'), ("mqtt = true ", "mqtt = false "),
+                     ("rate = 32000 ", "rate = 1000000 "), ("burst = 24000 ", "burst = 1000000 ")]:
+        assert old in cfg, old
+        cfg = cfg.replace(old, new, 1)
+    path = os.path.join(tmp, f"{client_id}.toml")
+    open(path, "w").write(cfg)
+    return path, mport
+
+
+def scrape(mport):
     try:
         body = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=2).read().decode()
     except OSError:
-        return 0, 0
-    got = done = 0.0
+        return {}
+    out = {}
     for line in body.splitlines():
-        name = line.split("{")[0].split(" ")[0]
-        if name == "geogate_events_received_total":
-            got += float(line.rsplit(" ", 1)[1])
-        if name in ("geogate_events_evaluated_total", "geogate_events_invalid_total", "geogate_events_shed_total"):
-            done += float(line.rsplit(" ", 1)[1])
-    return got, done
+        if line and not line.startswith("#"):
+            name = line.split("{")[0].split(" ")[0]
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
 
 
-pub = publish()
-first = last = None
-while True:
-    got, done = received()
-    now = time.perf_counter()
-    if got > 0 and first is None:
-        first = now
-    if done >= args.messages:
-        last = now
-        break
-    if first and now - first > 120:
-        break
-    time.sleep(0.02)
-pub.wait()
-gg.terminate()
-accounting = gg.communicate(timeout=30)[0].strip()
-results.append({"consumer": "geogate run (qos1, ack after evaluation)", "messages": int(done), "rate": round(done / (last - first)) if last else 0,
-                "accounting": accounting})
+def start_geogate(client_id, qos, wait_connected=True):
+    path, mport = geogate_config(client_id, qos)
+    proc = subprocess.Popen([GEOGATE, "run", "--config", path], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    deadline = time.time() + 30
+    while wait_connected and scrape(mport).get("geogate_mqtt_connected", 0) < 1:
+        if time.time() > deadline:
+            raise SystemExit("geogate did not connect")
+        time.sleep(0.05)
+    return proc, mport
 
-peer = subprocess.Popen([sys.executable, os.path.join(ROOT, "benches/peers/paho_shapely.py"), "--port", str(port),
-                         "--fences", os.path.join(ROOT, "config/fences.geojson"), "--count", str(args.messages)],
-                        stdout=subprocess.PIPE, text=True)
-time.sleep(1.5)
-pub = publish()
-out, _ = peer.communicate(timeout=600)
-pub.wait()
-results.append(json.loads(out) | {"consumer": "python paho-mqtt + shapely (qos1)"})
+
+def geogate_rate(proc, mport):
+    first = last = None
+    done = 0
+    while True:
+        m = scrape(mport)
+        now = time.perf_counter()
+        got = m.get("geogate_events_received_total", 0)
+        done = sum(m.get(k, 0) for k in ("geogate_events_evaluated_total", "geogate_events_invalid_total",
+                                         "geogate_events_shed_total"))
+        if got > 0 and first is None:
+            first = now
+        if done >= N:
+            last = now
+            break
+        if first and now - first > 300:
+            break
+        time.sleep(0.005)
+    proc.terminate()
+    accounting = proc.communicate(timeout=60)[0].strip()
+    return int(done), (round(done / (last - first)) if last else 0), accounting
+
+
+def peer(client_id=None, register_only=False):
+    cmd = [sys.executable, PEER, "--port", str(port), "--fences", FENCES, "--count", str(N)]
+    if client_id:
+        cmd += ["--client-id", client_id]
+    if register_only:
+        cmd += ["--register-only"]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+
+
+results = []
+
+
+def record(phase, consumer, messages, rate, **extra):
+    results.append({"phase": phase, "consumer": consumer, "messages": messages, "rate": rate} | extra)
+    print(json.dumps(results[-1]), flush=True)
+
+
+if args.phase in ("live", "both"):
+    for qos in (0, 1):
+        sub = mosquitto_sub(qos)
+        time.sleep(0.5)
+        pub = publish_background()
+        record("live", f"mosquitto_sub qos{qos}", *sub_rate(sub))
+        pub.wait()
+    for qos in (0, 1):
+        gg, mport = start_geogate(f"live-{qos}-{time.time_ns()}", qos)
+        pub = publish_background()
+        done, rate, accounting = geogate_rate(gg, mport)
+        pub.wait()
+        record("live", f"geogate run qos{qos}", done, rate, accounting=accounting)
+    p = peer()
+    time.sleep(1.5)
+    pub = publish_background()
+    out, _ = p.communicate(timeout=900)
+    pub.wait()
+    r = json.loads(out)
+    record("live", "python paho-mqtt + shapely qos1", r["messages"], r["rate"], transitions=r["transitions"])
+
+if args.phase in ("preloaded", "both"):
+    stamp = time.time_ns()
+    ids = {k: f"pre-{k}-{stamp}" for k in ("sub0", "sub1", "gg0", "gg1", "peer")}
+    # Register every persistent session, then leave.
+    mosquitto_sub(0, ids["sub0"], register_only=True).wait(timeout=30)
+    mosquitto_sub(1, ids["sub1"], register_only=True).wait(timeout=30)
+    for qos in (0, 1):
+        gg, mport = start_geogate(ids[f"gg{qos}"], qos)
+        gg.terminate()
+        gg.communicate(timeout=60)
+    peer(ids["peer"], register_only=True).wait(timeout=60)
+    publish_all()
+    time.sleep(0.5)
+    for qos in (0, 1):
+        record("preloaded", f"mosquitto_sub qos{qos}", *drain_rate(qos, ids[f"sub{qos}"]))
+    for qos in (0, 1):
+        # Polling starts before the connection: the broker empties the queue
+        # into the socket the moment the session resumes.
+        gg, mport = start_geogate(ids[f"gg{qos}"], qos, wait_connected=False)
+        done, rate, accounting = geogate_rate(gg, mport)
+        record("preloaded", f"geogate run qos{qos}", done, rate, accounting=accounting)
+    out, _ = peer(ids["peer"]).communicate(timeout=900)
+    r = json.loads(out)
+    record("preloaded", "python paho-mqtt + shapely qos1", r["messages"], r["rate"], transitions=r["transitions"])
+
 broker.terminate()
-for r in results:
-    print(json.dumps(r))

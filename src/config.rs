@@ -90,6 +90,11 @@ pub struct MqttConfig {
     /// Most QoS 1 messages held unacked before intake stops reading.
     #[serde(default = "defaults::max_unacked")]
     pub max_unacked: usize,
+    /// Subscription QoS: 1 (default) acks each message only after it is
+    /// evaluated or dead-lettered, so a crash loses nothing; 0 has no acks
+    /// and no redelivery, for fleets that resend often and want raw speed.
+    #[serde(default = "defaults::subscribe_qos")]
+    pub subscribe_qos: u8,
     /// MQTT over TLS (rustls): verify the broker against `ca_file`, and
     /// optionally present a client certificate.
     #[serde(default)]
@@ -120,6 +125,7 @@ impl fmt::Debug for MqttConfig {
             .field("max_packet_bytes", &self.max_packet_bytes)
             .field("keep_alive_s", &self.keep_alive_s)
             .field("max_unacked", &self.max_unacked)
+            .field("subscribe_qos", &self.subscribe_qos)
             .field("tls", &self.tls)
             .finish()
     }
@@ -251,6 +257,9 @@ mod defaults {
     pub fn max_unacked() -> usize {
         4096
     }
+    pub fn subscribe_qos() -> u8 {
+        1
+    }
     pub fn max_memberships() -> usize {
         256
     }
@@ -348,6 +357,15 @@ impl Config {
         }
         if self.mqtt.max_unacked == 0 {
             problem("mqtt.max_unacked", "must be ≥ 1".into());
+        }
+        if self.mqtt.subscribe_qos > 1 {
+            problem(
+                "mqtt.subscribe_qos",
+                format!(
+                    "{} is not supported: use 1 (at least once, acked after evaluation) or 0 (at most once, no redelivery)",
+                    self.mqtt.subscribe_qos
+                ),
+            );
         }
         if self.pipeline.queue_capacity == 0 {
             problem("pipeline.queue_capacity", "must be ≥ 1".into());

@@ -237,7 +237,7 @@ pub async fn run(
     let poll = tokio::spawn(mqtt::poll_loop(
         client,
         eventloop,
-        config.mqtt.topics.clone(),
+        mqtt::subscribe_filters(&config.mqtt),
         intake_tx,
         acker_tx,
         control.clone(),

@@ -18,7 +18,8 @@ fn every_problem_is_reported_with_its_field() {
         .replace("burst = 24000", "burst = 0")
         .replace("# watermark = 0.6", "watermark = 1.5")
         .replace("# listen = \"127.0.0.1:9464\"", "listen = \"nowhere\"")
-        .replace("# dwell_s = 0 ", "dwell_s = -1 ");
+        .replace("# dwell_s = 0 ", "dwell_s = -1 ")
+        .replace("# subscribe_qos = 1 ", "subscribe_qos = 2 ");
     let Err(ConfigError::Invalid(problems)) = Config::parse(&text) else {
         panic!("expected an invalid config");
     };
@@ -29,6 +30,7 @@ fn every_problem_is_reported_with_its_field() {
         "gate.rate",
         "fences.dwell_s",
         "metrics.listen",
+        "mqtt.subscribe_qos",
     ] {
         assert!(
             fields.contains(&expected),

@@ -63,7 +63,7 @@ fn known_stream() -> (Vec<Message>, Vec<Message>) {
     (burst, rest)
 }
 
-fn check_known_stream(broker_port: u16, embedded: bool) {
+fn check_known_stream(broker_port: u16, embedded: bool, extra_mqtt: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let setup = Setup {
         broker_port,
@@ -74,7 +74,7 @@ fn check_known_stream(broker_port: u16, embedded: bool) {
         extra_pipeline: "queue_capacity = 40\nsustained_rate = 500",
         gate: "kind = \"token\"\nrate = 0.001\nburst = 10",
         events_mqtt: false,
-        extra_mqtt: "",
+        extra_mqtt,
     };
     let geogate = GeogateProcess::start(dir.path(), &setup);
     let (burst, rest) = known_stream();
@@ -167,12 +167,22 @@ fn known_stream_through_mosquitto() {
     let Some(broker) = support::Mosquitto::start() else {
         return;
     };
-    check_known_stream(broker.port, false);
+    check_known_stream(broker.port, false, "");
+}
+
+/// At QoS 0 nothing is acked or redelivered, but on a healthy connection
+/// the same stream gives exactly the same answer.
+#[test]
+fn known_stream_through_mosquitto_at_qos_0() {
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    check_known_stream(broker.port, false, "subscribe_qos = 0");
 }
 
 #[test]
 fn known_stream_through_the_embedded_broker() {
-    check_known_stream(support::free_port(), true);
+    check_known_stream(support::free_port(), true, "");
 }
 
 #[test]

@@ -5,7 +5,12 @@ OwnTracks), finds the covering fences with an STRtree, diffs each vehicle's
 membership, and counts enter/exit events. Prints one JSON line when it has
 handled --count messages: its rate from the first to the last message.
 
+With --client-id the session is persistent (clean_session=False), so a
+broker can queue the stream for it while it is offline; --register-only
+subscribes and leaves at once (to create that session).
+
 Usage: python paho_shapely.py --port P --fences config/fences.geojson --count N
+       [--qos Q] [--client-id ID [--register-only]]
 """
 import argparse
 import json
@@ -20,6 +25,8 @@ ap.add_argument("--port", type=int, required=True)
 ap.add_argument("--fences", required=True)
 ap.add_argument("--count", type=int, required=True)
 ap.add_argument("--qos", type=int, default=1)
+ap.add_argument("--client-id")
+ap.add_argument("--register-only", action="store_true")
 args = ap.parse_args()
 
 geoms, ids = shapes(json.load(open(args.fences))["features"])
@@ -53,11 +60,16 @@ def on_message(client, userdata, msg):
         client.disconnect()
 
 
-client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"paho-peer-{time.time_ns()}")
+client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=args.client_id or f"paho-peer-{time.time_ns()}",
+                     clean_session=args.client_id is None)
 client.on_message = on_message
 client.on_connect = lambda c, u, f, rc, p=None: c.subscribe([("fleet/+/telemetry", args.qos), ("owntracks/+/+", args.qos)])
+if args.register_only:
+    client.on_subscribe = lambda c, u, mid, codes, p=None: c.disconnect()
 client.connect("127.0.0.1", args.port)
 client.loop_forever()
+if args.register_only:
+    raise SystemExit(0)
 elapsed = state["last"] - state["first"]
 print(json.dumps({"peer": "paho+shapely", "messages": state["n"], "seconds": round(elapsed, 3),
                   "rate": round(state["n"] / elapsed), "transitions": state["events"], "bad": state["bad"]}))

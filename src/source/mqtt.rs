@@ -79,6 +79,20 @@ pub fn connection(config: &MqttConfig, client_id: &str) -> std::io::Result<MqttO
     Ok(options)
 }
 
+/// The subscription filters for `mqtt.topics` at `mqtt.subscribe_qos`
+/// (validated to 0 or 1).
+pub fn subscribe_filters(mqtt: &MqttConfig) -> Vec<rumqttc::SubscribeFilter> {
+    let qos = if mqtt.subscribe_qos == 0 {
+        QoS::AtMostOnce
+    } else {
+        QoS::AtLeastOnce
+    };
+    mqtt.topics
+        .iter()
+        .map(|t| rumqttc::SubscribeFilter::new(t.clone(), qos))
+        .collect()
+}
+
 /// Intake options: persistent session, manual acks, inflight window.
 pub fn options(config: &MqttConfig, client_id: &str) -> std::io::Result<MqttOptions> {
     let mut options = connection(config, client_id)?;
@@ -152,7 +166,7 @@ pub struct IntakeControl {
 pub async fn poll_loop(
     client: AsyncClient,
     mut eventloop: EventLoop,
-    topics: Vec<String>,
+    filters: Vec<rumqttc::SubscribeFilter>,
     intake: mpsc::Sender<Intake>,
     acker: mpsc::UnboundedSender<AckMsg>,
     control: Arc<IntakeControl>,
@@ -199,11 +213,8 @@ pub async fn poll_loop(
                 // harmless, and some brokers report a session whose
                 // subscriptions are gone (seen with mosquitto behind TLS).
                 // One SUBSCRIBE for all filters, so one SubAck confirms them all.
-                let filters = topics
-                    .iter()
-                    .map(|t| rumqttc::SubscribeFilter::new(t.clone(), QoS::AtLeastOnce));
-                if let Err(e) = client.try_subscribe_many(filters) {
-                    tracing::error!("subscribe {topics:?}: {e}");
+                if let Err(e) = client.try_subscribe_many(filters.iter().cloned()) {
+                    tracing::error!("subscribe {filters:?}: {e}");
                 }
             }
             Ok(Event::Incoming(Packet::SubAck(ack))) => {
