@@ -141,8 +141,8 @@ impl Pipeline {
             clock: MonotonicClock::new(),
         };
         // Spawned, as in `pipeline::run`, so the scheduler treats it alike.
-        // Spawned, as in `pipeline::run`, so the scheduler treats it alike.
-        let _ = tokio::spawn(router.run(intake)).await;
+        // Started as `pipeline::run` starts it, on its own thread.
+        let _ = router.spawn(intake).await;
         for w in workers {
             let _ = w.await;
         }

@@ -233,7 +233,7 @@ pub async fn run(
         accounting: accounting.clone(),
         clock,
     };
-    let router = tokio::spawn(router.run(intake_rx));
+    let router = router.spawn(intake_rx);
     let poll = tokio::spawn(mqtt::poll_loop(
         client,
         eventloop,

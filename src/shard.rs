@@ -37,12 +37,25 @@ pub fn shard_of(vehicle: &str, shards: usize) -> usize {
     (h.finish() % shards.max(1) as u64) as usize
 }
 
+/// Most events a shard holds back before handing them to its worker.
+const BURST: usize = 128;
+
 /// The router's view of one shard.
+///
+/// Admitted events are handed to the worker in bursts: they collect in
+/// `pending` while more input is already waiting and go out together when
+/// the intake runs dry or [`BURST`] is reached. Measured, handing them over
+/// one by one woke the parked worker (a futex call and a task switch) for
+/// nearly every event, and that was the largest single cost of the
+/// in-process pipeline. Under light load the intake is always dry, so each
+/// event goes out at once and no latency is added. Pending events count
+/// against the queue capacity exactly as queued ones do.
 pub struct ShardInput {
     pub tx: mpsc::Sender<Admitted>,
     pub gate: AnyGate,
     /// For a shaper: admitted events wait here until their release time.
     pub shaper_lane: Option<mpsc::UnboundedSender<(Nanos, Admitted)>>,
+    pending: Vec<Admitted>,
     admitted: [Counter; 2],
     shed: Counter,
     depth: Gauge,
@@ -70,14 +83,57 @@ impl ShardInput {
             level: metrics::gauge!("geogate_gate_level", "shard" => label.clone()),
             backpressure: metrics::counter!("geogate_backpressure_waits_total", "shard" => label.clone()),
             gate_admitted: metrics::counter!("geogate_gate_admitted_total", "shard" => label, "gate" => gate.name()),
+            pending: Vec::with_capacity(if shaper_lane.is_some() { 0 } else { BURST }),
             tx,
             gate,
             shaper_lane,
         }
     }
 
+    /// Events queued or pending: what the watermark is measured against.
     fn len(&self) -> usize {
-        self.tx.max_capacity() - self.tx.capacity()
+        self.tx.max_capacity() - self.tx.capacity() + self.pending.len()
+    }
+
+    fn is_full(&self) -> bool {
+        self.len() >= self.tx.max_capacity()
+    }
+
+    /// Queues `item` now or with the next burst; waits only when the queue
+    /// is full (backpressure, for High and below-watermark events).
+    async fn enqueue(&mut self, item: Admitted) {
+        // A shaper lane also feeds this queue, so room counted now could be
+        // gone at flush time: shaped shards send straight away.
+        if self.shaper_lane.is_some() || self.is_full() {
+            self.flush().await;
+            let _ = self.tx.send(item).await;
+        } else {
+            self.pending.push(item);
+        }
+    }
+
+    /// Queues a gate-admitted low-priority event only if there is room now.
+    fn try_enqueue(&mut self, item: Admitted) -> bool {
+        if self.is_full() {
+            return false;
+        }
+        if self.shaper_lane.is_some() {
+            return self.tx.try_send(item).is_ok();
+        }
+        self.pending.push(item);
+        true
+    }
+
+    /// Hands pending events to the worker. The router is the only other
+    /// sender on an unshaped shard and only counted room that existed, so
+    /// the sends find room; `send` rather than `try_send` keeps that true
+    /// even if the reasoning were ever wrong.
+    async fn flush(&mut self) {
+        for item in self.pending.drain(..) {
+            let _ = self.tx.send(item).await;
+        }
+        self.depth
+            .set((self.tx.max_capacity() - self.tx.capacity()) as f64);
     }
 }
 
@@ -108,12 +164,37 @@ fn unix_ms() -> i64 {
 }
 
 impl Router {
+    /// Runs [`Self::run`] on a thread of its own (from the runtime's
+    /// blocking pool). Why: a task woken from a runtime worker thread goes
+    /// to that thread's LIFO slot, which idle threads cannot steal, so the
+    /// router and the shard worker it keeps waking ended up taking turns on
+    /// one core (1.05 CPUs busy on 2). Woken from outside the worker pool,
+    /// a shard worker goes to the shared queue and runs on the idle core.
+    /// Measured in benches/pipeline.rs: +20–25% in-process throughput.
+    pub fn spawn(self, intake: mpsc::Receiver<Intake>) -> tokio::task::JoinHandle<DeadLetterSink> {
+        let runtime = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || runtime.block_on(self.run(intake)))
+    }
+
     /// Runs until intake closes; returns the dead-letter sink for a final sync.
     pub async fn run(mut self, mut intake: mpsc::Receiver<Intake>) -> DeadLetterSink {
+        let mut since_flush = 0;
         while let Some(item) = intake.recv().await {
             self.route(item).await;
+            since_flush += 1;
+            if intake.is_empty() || since_flush >= BURST {
+                self.flush().await;
+                since_flush = 0;
+            }
         }
+        self.flush().await;
         self.dead_letter
+    }
+
+    async fn flush(&mut self) {
+        for shard in &mut self.shards {
+            shard.flush().await;
+        }
     }
 
     /// `reason` is the record's reason as a static label, so the metric
@@ -176,24 +257,23 @@ impl Router {
             received_at: item.received_at,
         };
         let shard = &mut self.shards[shard_index];
-        let now = self.clock.now();
         let route = self.policy.route(shard.len(), fix.priority);
-        shard.depth.set(shard.len() as f64);
         match route {
             Route::Enqueue | Route::Backpressure => {
-                if shard.tx.capacity() == 0 {
+                if shard.is_full() {
                     shard.backpressure.increment(1);
                 }
                 self.accounting.admitted();
                 shard.admitted[fix.priority as usize].increment(1);
                 // Backpressure: awaiting room stalls intake, never sheds.
-                let _ = shard.tx.send(admitted).await;
+                shard.enqueue(admitted).await;
             }
             Route::Gate => {
+                let now = self.clock.now();
                 // A full queue refuses a low-priority event outright: only
                 // High waits for room, and a token is not spent on an event
                 // that could not be enqueued anyway.
-                let decision = if shard.tx.capacity() == 0 && shard.shaper_lane.is_none() {
+                let decision = if shard.is_full() && shard.shaper_lane.is_none() {
                     None
                 } else {
                     let d = shard.gate.try_admit(now, 1);
@@ -206,7 +286,7 @@ impl Router {
                             Some(lane) if release_at > now => {
                                 lane.send((release_at, admitted)).is_ok()
                             }
-                            _ => shard.tx.try_send(admitted).is_ok(),
+                            _ => shard.try_enqueue(admitted),
                         };
                         if queued {
                             shard.gate_admitted.increment(1);
