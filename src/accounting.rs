@@ -13,14 +13,32 @@ use crate::codec::Reason;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+/// Each stage's counters on cache lines of their own (128 bytes: some CPUs
+/// fetch lines in pairs). Packed together, the router's and the workers'
+/// increments bounced one line between cores on every event.
 #[derive(Debug, Default)]
-pub struct Accounting {
-    received: AtomicU64,
+#[repr(align(128))]
+struct OwnLine<T>(T);
+
+#[derive(Debug, Default)]
+struct RouterCounts {
     invalid: [AtomicU64; Reason::ALL.len()],
     shed: AtomicU64,
     admitted: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct WorkerCounts {
     evaluated: AtomicU64,
     transitions: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+pub struct Accounting {
+    /// Written by the poll task.
+    received: OwnLine<AtomicU64>,
+    router: OwnLine<RouterCounts>,
+    workers: OwnLine<WorkerCounts>,
 }
 
 /// A consistent-enough snapshot (exact when the pipeline is quiescent).
@@ -58,49 +76,49 @@ impl Balance {
 
 impl Accounting {
     pub fn received(&self) {
-        self.received.fetch_add(1, Relaxed);
+        self.received.0.fetch_add(1, Relaxed);
     }
 
     pub fn invalid(&self, reason: Reason) {
-        self.invalid[reason as usize].fetch_add(1, Relaxed);
+        self.router.0.invalid[reason as usize].fetch_add(1, Relaxed);
     }
 
     pub fn shed(&self) {
-        self.shed.fetch_add(1, Relaxed);
+        self.router.0.shed.fetch_add(1, Relaxed);
     }
 
     pub fn admitted(&self) {
-        self.admitted.fetch_add(1, Relaxed);
+        self.router.0.admitted.fetch_add(1, Relaxed);
     }
 
     pub fn evaluated(&self) {
-        self.evaluated.fetch_add(1, Relaxed);
+        self.workers.0.evaluated.fetch_add(1, Relaxed);
     }
 
     /// Transitions emitted (not part of the balance; for progress displays).
     pub fn transitions(&self, n: u64) {
-        self.transitions.fetch_add(n, Relaxed);
+        self.workers.0.transitions.fetch_add(n, Relaxed);
     }
 
     pub fn transitions_total(&self) -> u64 {
-        self.transitions.load(Relaxed)
+        self.workers.0.transitions.load(Relaxed)
     }
 
     pub fn invalid_by_reason(&self) -> Vec<(Reason, u64)> {
         Reason::ALL
             .iter()
-            .map(|&r| (r, self.invalid[r as usize].load(Relaxed)))
+            .map(|&r| (r, self.router.0.invalid[r as usize].load(Relaxed)))
             .collect()
     }
 
     pub fn balance(&self) -> Balance {
         // Read downstream counters first so that a concurrent event is seen
         // as in flight rather than double counted.
-        let evaluated = self.evaluated.load(Relaxed);
-        let admitted = self.admitted.load(Relaxed);
-        let shed = self.shed.load(Relaxed);
-        let invalid = self.invalid.iter().map(|c| c.load(Relaxed)).sum();
-        let received = self.received.load(Relaxed);
+        let evaluated = self.workers.0.evaluated.load(Relaxed);
+        let admitted = self.router.0.admitted.load(Relaxed);
+        let shed = self.router.0.shed.load(Relaxed);
+        let invalid = self.router.0.invalid.iter().map(|c| c.load(Relaxed)).sum();
+        let received = self.received.0.load(Relaxed);
         Balance {
             received,
             invalid,
