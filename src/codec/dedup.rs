@@ -8,7 +8,8 @@ use std::collections::{HashSet, VecDeque};
 
 #[derive(Debug)]
 pub struct Dedup {
-    seen: HashSet<(VehicleId, i64)>,
+    /// foldhash, seeded per process (see `geofence::evaluator`).
+    seen: HashSet<(VehicleId, i64), foldhash::fast::RandomState>,
     order: VecDeque<(VehicleId, i64)>,
     capacity: usize,
 }
@@ -16,7 +17,7 @@ pub struct Dedup {
 impl Dedup {
     pub fn new(capacity: usize) -> Self {
         Self {
-            seen: HashSet::with_capacity(capacity.min(1 << 20)),
+            seen: HashSet::with_capacity_and_hasher(capacity.min(1 << 20), Default::default()),
             order: VecDeque::with_capacity(capacity.min(1 << 20)),
             capacity,
         }
@@ -28,7 +29,8 @@ impl Dedup {
             return true;
         }
         let key = (vehicle.clone(), fix_ms);
-        if self.seen.contains(&key) {
+        // One probe: `insert` says whether the key was new.
+        if !self.seen.insert(key.clone()) {
             return false;
         }
         if self.order.len() == self.capacity
@@ -36,7 +38,6 @@ impl Dedup {
         {
             self.seen.remove(&old);
         }
-        self.seen.insert(key.clone());
         self.order.push_back(key);
         true
     }

@@ -98,7 +98,10 @@ struct VehicleState {
 pub struct Evaluator {
     index: Arc<FenceIndex>,
     settings: EvaluatorSettings,
-    vehicles: HashMap<VehicleId, VehicleState>,
+    /// foldhash, seeded per process: SipHash was a visible share of the
+    /// per-event cost, and a random seed still keeps crafted ids from
+    /// colliding on purpose.
+    vehicles: HashMap<VehicleId, VehicleState, foldhash::fast::RandomState>,
     stats: EvaluatorStats,
     newest_fix_ms: i64,
     /// Scratch buffer for covering fences, reused across fixes.
@@ -110,7 +113,7 @@ impl Evaluator {
         Self {
             index,
             settings,
-            vehicles: HashMap::new(),
+            vehicles: HashMap::default(),
             stats: EvaluatorStats::default(),
             newest_fix_ms: i64::MIN,
             covering: Vec::new(),
