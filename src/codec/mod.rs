@@ -19,9 +19,10 @@ pub use dedup::Dedup;
 pub use error::{DecodeError, Reason};
 pub use topic::TopicPattern;
 
-use crate::model::{Priority, Telemetry};
+use crate::model::{Priority, Telemetry, VehicleId};
 use loose::Loose;
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 
 /// Fix times outside [2000-01-01, 2100-01-01) are refused as out of range:
 /// fixed bounds (not "now ± x") keep replays deterministic.
@@ -126,21 +127,21 @@ pub fn decode(
 }
 
 fn native(wire: Wire, settings: &CodecSettings) -> Result<Telemetry, DecodeError> {
-    let vehicle = vehicle_id(string(wire.vehicle, "vehicle")?)?;
+    let vehicle = vehicle_id(&text(wire.vehicle, "vehicle")?)?;
     let fix_time_ms = fix_time(integer(wire.ts, "ts")?, "ts")?;
     let (lat, lon) = position(wire.lat, wire.lon)?;
     let speed_kmh = optional_number(wire.speed_kmh, "speed_kmh")?;
     let kind = match wire.kind {
         None | Some(Loose::Null) => None,
         some => {
-            let kind = string(some, "kind")?;
-            if !settings.known_kinds.contains(&kind) {
+            let kind = text(some, "kind")?;
+            if !settings.known_kinds.iter().any(|k| *k == kind) {
                 return Err(DecodeError::new(
                     Reason::OutOfRange,
                     format!("kind {kind:?} is not one of {:?}", settings.known_kinds),
                 ));
             }
-            Some(kind)
+            Some(kind.into_owned())
         }
     };
     let is_ping = kind
@@ -148,7 +149,7 @@ fn native(wire: Wire, settings: &CodecSettings) -> Result<Telemetry, DecodeError
         .is_some_and(|k| settings.ping_kinds.contains(k));
     let priority = priority(is_ping, speed_kmh, settings);
     Ok(Telemetry {
-        vehicle: vehicle.into(),
+        vehicle,
         fix_time_ms,
         lat,
         lon,
@@ -169,19 +170,19 @@ fn owntracks(topic: &str, wire: Wire, settings: &CodecSettings) -> Result<Teleme
                 format!("vehicle: topic {topic:?} matches no topic pattern"),
             )
         })?;
-    let vehicle = vehicle_id(vehicle)?;
+    let vehicle = vehicle_id(&vehicle)?;
     let tst = integer(wire.tst, "tst")?;
     let fix_time_ms = fix_time(tst.checked_mul(1000).unwrap_or(i64::MAX), "tst")?;
     let (lat, lon) = position(wire.lat, wire.lon)?;
     let speed_kmh = optional_number(wire.vel, "vel")?;
     let trigger = match wire.t {
         None | Some(Loose::Null) => None,
-        some => Some(string(some, "t")?),
+        some => Some(text(some, "t")?),
     };
     let is_ping = trigger.as_deref() == Some("p");
     let priority = priority(is_ping, speed_kmh, settings);
     Ok(Telemetry {
-        vehicle: vehicle.into(),
+        vehicle,
         fix_time_ms,
         lat,
         lon,
@@ -210,15 +211,17 @@ fn wrong_type(field: &str, expected: &str, got: &Loose) -> DecodeError {
     )
 }
 
-fn string(value: Option<Loose>, field: &str) -> Result<String, DecodeError> {
+/// A string field, borrowed from the payload when it has no escapes.
+fn text<'a>(value: Option<Loose<'a>>, field: &str) -> Result<Cow<'a, str>, DecodeError> {
     match value {
         None | Some(Loose::Null) => Err(missing(field)),
-        Some(Loose::Str(s)) => Ok(s.into_owned()),
+        Some(Loose::Str(s)) => Ok(s),
         Some(other) => Err(wrong_type(field, "a string", &other)),
     }
 }
 
-fn vehicle_id(id: String) -> Result<String, DecodeError> {
+/// Checked, then copied once into the shared id.
+fn vehicle_id(id: &str) -> Result<VehicleId, DecodeError> {
     if id.is_empty() || id.len() > MAX_VEHICLE_LEN {
         return Err(DecodeError::new(
             Reason::OutOfRange,
@@ -228,7 +231,7 @@ fn vehicle_id(id: String) -> Result<String, DecodeError> {
             ),
         ));
     }
-    Ok(id)
+    Ok(VehicleId::from(id))
 }
 
 /// A number, where the strings "NaN" and "±Infinity" (how some encoders

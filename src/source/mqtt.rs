@@ -45,7 +45,9 @@ pub struct Intake {
 /// Messages to the acker.
 #[derive(Debug)]
 pub enum AckMsg {
-    Register(u64, Box<Publish>),
+    /// The publish with its topic and payload moved out (an ack needs only
+    /// its packet id and QoS), so no copy is made per message.
+    Register(u64, Publish),
     Done(u64),
 }
 
@@ -231,7 +233,7 @@ pub async fn poll_loop(
                     tracing::info!("subscribed");
                 }
             }
-            Ok(Event::Incoming(Packet::Publish(publish))) => {
+            Ok(Event::Incoming(Packet::Publish(mut publish))) => {
                 let Some(tx) = intake
                     .as_ref()
                     .filter(|_| control.open.load(Ordering::Acquire))
@@ -247,12 +249,12 @@ pub async fn poll_loop(
                 });
                 let item = Intake {
                     seq,
-                    topic: publish.topic.clone(),
-                    payload: publish.payload.clone(),
+                    topic: std::mem::take(&mut publish.topic),
+                    payload: std::mem::take(&mut publish.payload),
                     received_at: std::time::Instant::now(),
                 };
                 if let (Some(seq), Some(acker)) = (seq, &acker) {
-                    let _ = acker.send(AckMsg::Register(seq, Box::new(publish)));
+                    let _ = acker.send(AckMsg::Register(seq, publish));
                 }
                 if tx.send(item).await.is_err() {
                     tracing::warn!("intake closed while a message was in hand");
@@ -282,7 +284,7 @@ pub async fn acker(
     control: Arc<IntakeControl>,
 ) {
     // Registered, not yet acked, in receive order: (seq, publish, done).
-    let mut pending: VecDeque<(u64, Box<Publish>, bool)> = VecDeque::new();
+    let mut pending: VecDeque<(u64, Publish, bool)> = VecDeque::new();
     let unacked = metrics::gauge!("geogate_mqtt_unacked");
     while let Some(msg) = rx.recv().await {
         match msg {
