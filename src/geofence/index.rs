@@ -29,8 +29,8 @@ pub type FenceIdx = u32;
 
 /// Envelopes are stored in f32, rounded outward: half the bytes per node,
 /// so more of the tree stays in cache, and the tree is only a pre-filter
-/// (exact containment runs in f64 afterwards). At these latitudes an f32
-/// step is about 0.1 m, so the extra candidates are negligible.
+/// (exact containment runs in f64 afterwards). An f32 step is at most
+/// 1.5e-5° (under 2 m, at ±180°), so the extra candidates are negligible.
 type Entry = GeomWithData<Rectangle<[f32; 2]>, (FenceIdx, u32)>;
 
 /// The largest f32 ≤ `v`.
