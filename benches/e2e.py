@@ -158,7 +158,7 @@ def start_geogate(client_id, qos, wait_connected=True):
 
 def geogate_rate(proc, mport):
     first = last = None
-    done = 0
+    done = transitions = 0
     while True:
         m = scrape(mport)
         now = time.perf_counter()
@@ -169,13 +169,14 @@ def geogate_rate(proc, mport):
             first = now
         if done >= N:
             last = now
+            transitions = int(m.get("geogate_fence_transitions_total", 0))
             break
         if first and now - first > 300:
             break
         time.sleep(0.005)
     proc.terminate()
     accounting = proc.communicate(timeout=60)[0].strip()
-    return int(done), (round(done / (last - first)) if last else 0), accounting
+    return int(done), (round(done / (last - first)) if last else 0), accounting, transitions
 
 
 def peer(client_id=None, register_only=False):
@@ -205,9 +206,9 @@ if args.phase in ("live", "both"):
     for qos in (0, 1):
         gg, mport = start_geogate(f"live-{qos}-{time.time_ns()}", qos)
         pub = publish_background()
-        done, rate, accounting = geogate_rate(gg, mport)
+        done, rate, accounting, transitions = geogate_rate(gg, mport)
         pub.wait()
-        record("live", f"geogate run qos{qos}", done, rate, accounting=accounting)
+        record("live", f"geogate run qos{qos}", done, rate, accounting=accounting, transitions=transitions)
     p = peer()
     time.sleep(1.5)
     pub = publish_background()
@@ -235,8 +236,9 @@ if args.phase in ("preloaded", "both"):
         # Polling starts before the connection: the broker empties the queue
         # into the socket the moment the session resumes.
         gg, mport = start_geogate(ids[f"gg{qos}"], qos, wait_connected=False)
-        done, rate, accounting = geogate_rate(gg, mport)
-        record("preloaded", f"geogate run qos{qos}", done, rate, accounting=accounting)
+        done, rate, accounting, transitions = geogate_rate(gg, mport)
+        record("preloaded", f"geogate run qos{qos}", done, rate, accounting=accounting,
+               transitions=transitions)
     out, _ = peer(ids["peer"]).communicate(timeout=900)
     r = json.loads(out)
     record("preloaded", "python paho-mqtt + shapely qos1", r["messages"], r["rate"], transitions=r["transitions"])
