@@ -38,6 +38,8 @@ pub struct Telemetry {
     pub lat: f64,
     pub lon: f64,
     pub speed_kmh: Option<f64>,
-    pub kind: Option<String>,
+    /// From `kind` (native) or the trigger `t` (OwnTracks) and the speed;
+    /// the kind itself is checked but not kept: nothing downstream reads
+    /// it, and copying it cost an allocation per message.
     pub priority: Priority,
 }

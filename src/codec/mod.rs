@@ -131,8 +131,8 @@ fn native(wire: Wire, settings: &CodecSettings) -> Result<Telemetry, DecodeError
     let fix_time_ms = fix_time(integer(wire.ts, "ts")?, "ts")?;
     let (lat, lon) = position(wire.lat, wire.lon)?;
     let speed_kmh = optional_number(wire.speed_kmh, "speed_kmh")?;
-    let kind = match wire.kind {
-        None | Some(Loose::Null) => None,
+    let is_ping = match wire.kind {
+        None | Some(Loose::Null) => false,
         some => {
             let kind = text(some, "kind")?;
             if !settings.known_kinds.iter().any(|k| *k == kind) {
@@ -141,12 +141,9 @@ fn native(wire: Wire, settings: &CodecSettings) -> Result<Telemetry, DecodeError
                     format!("kind {kind:?} is not one of {:?}", settings.known_kinds),
                 ));
             }
-            Some(kind.into_owned())
+            settings.ping_kinds.iter().any(|k| *k == kind)
         }
     };
-    let is_ping = kind
-        .as_ref()
-        .is_some_and(|k| settings.ping_kinds.contains(k));
     let priority = priority(is_ping, speed_kmh, settings);
     Ok(Telemetry {
         vehicle,
@@ -154,7 +151,6 @@ fn native(wire: Wire, settings: &CodecSettings) -> Result<Telemetry, DecodeError
         lat,
         lon,
         speed_kmh,
-        kind,
         priority,
     })
 }
@@ -187,7 +183,6 @@ fn owntracks(topic: &str, wire: Wire, settings: &CodecSettings) -> Result<Teleme
         lat,
         lon,
         speed_kmh,
-        kind: trigger.map(|t| format!("owntracks:{t}")),
         priority,
     })
 }
