@@ -372,3 +372,53 @@ fn crowded_spots_agree_with_linear_scan() {
     }
     assert!(most > 48, "the stack overlaps deeply: {most}");
 }
+
+mod ring_position {
+    use geo::coordinate_position::{CoordPos, CoordinatePosition};
+    use geo::{Coord, LineString, Polygon};
+    use geogate::geofence::generate::{SplitMix64, smooth_ring, star_ring};
+    use geogate::geofence::ring::{Position, PreparedRing};
+    use proptest::prelude::*;
+
+    fn agree(coords: Vec<Coord<f64>>, seed: u64) -> Result<(), TestCaseError> {
+        let prepared = PreparedRing::new(coords.clone());
+        let oracle = Polygon::new(LineString::from(coords.clone()), vec![]);
+        let (lo, hi) = prepared.bounds();
+        let (w, h) = (hi.x - lo.x, hi.y - lo.y);
+        let mut rng = SplitMix64::new(seed);
+        let probes = (0..300)
+            .map(|_| Coord {
+                x: rng.range(lo.x - w * 0.05, hi.x + w * 0.05),
+                y: rng.range(lo.y - h * 0.05, hi.y + h * 0.05),
+            })
+            .chain(coords.iter().copied());
+        for p in probes {
+            let expected = match oracle.coordinate_position(&p) {
+                CoordPos::Inside => Position::Inside,
+                CoordPos::OnBoundary => Position::Boundary,
+                CoordPos::Outside => Position::Outside,
+            };
+            prop_assert_eq!(prepared.position(p), expected, "at {:?}", p);
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// The cell grid and slab shortcuts give geo's own (robust,
+        /// boundary-aware) answer for spiky and border-like rings of every
+        /// size around the thresholds.
+        #[test]
+        fn prepared_rings_agree_with_geo(seed in any::<u64>(), vertices in 4usize..400, smooth in any::<bool>()) {
+            let mut rng = SplitMix64::new(seed);
+            let centre = Coord { x: rng.range(-170.0, 170.0), y: rng.range(-80.0, 80.0) };
+            let coords = if smooth {
+                smooth_ring(&mut rng, centre, vertices.max(8), 0.05)
+            } else {
+                star_ring(&mut rng, centre, vertices, 0.001, 0.01)
+            };
+            agree(coords, seed ^ 0x5eed)?;
+        }
+    }
+}
