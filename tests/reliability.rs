@@ -34,36 +34,28 @@ fn bad_corpus() -> Vec<(Message, &'static str)> {
     for cut in [1, 5, 12, 20, 33, 47, 60, good.len() - 1] {
         c.push((msg(t, &good.as_bytes()[..cut]), "malformed_json"));
     }
-    for (field, value) in [
-        ("lat", "\"abc\""),
-        ("lon", "true"),
-        ("ts", "\"yesterday\""),
-        ("vehicle", "42"),
-        ("speed_kmh", "\"fast\""),
-        ("kind", "7"),
-        ("lat", "[1]"),
-        ("lon", "{}"),
+    // A field given a value of the wrong type, or a non-finite "number".
+    for (field, value, reason) in [
+        ("lat", "\"abc\"", "wrong_type"),
+        ("lon", "true", "wrong_type"),
+        ("ts", "\"yesterday\"", "wrong_type"),
+        ("vehicle", "42", "wrong_type"),
+        ("speed_kmh", "\"fast\"", "wrong_type"),
+        ("kind", "7", "wrong_type"),
+        ("lat", "[1]", "wrong_type"),
+        ("lon", "{}", "wrong_type"),
+        ("lat", "\"NaN\"", "non_finite"),
+        ("lon", "\"Infinity\"", "non_finite"),
+        ("lat", "\"-Infinity\"", "non_finite"),
+        ("speed_kmh", "\"NaN\"", "non_finite"),
+        ("lon", "\"nan\"", "non_finite"),
     ] {
         let body = good.replacen(
             &format!("\"{field}\":"),
             &format!("\"{field}\":{value},\"was_{field}\":"),
             1,
         );
-        c.push((msg(t, body), "wrong_type"));
-    }
-    for (field, value) in [
-        ("lat", "\"NaN\""),
-        ("lon", "\"Infinity\""),
-        ("lat", "\"-Infinity\""),
-        ("speed_kmh", "\"NaN\""),
-        ("lon", "\"nan\""),
-    ] {
-        let body = good.replacen(
-            &format!("\"{field}\":"),
-            &format!("\"{field}\":{value},\"was_{field}\":"),
-            1,
-        );
-        c.push((msg(t, body), "non_finite"));
+        c.push((msg(t, body), reason));
     }
     for (from, to) in [
         ("\"lat\":50.0", "\"lat\":91"),

@@ -180,10 +180,20 @@ fn lab_window_fixed_window_exceeds_its_limit_bucket_keeps_its_bound() {
 #[test]
 fn lab_trace_reproduces_the_worked_examples() {
     let dir = tempfile::tempdir().unwrap();
-    let trace = |name: &str, lines: &str| {
+    // `geogate lab trace --gate GATE` over a trace file, as JSON.
+    let lab_trace = |gate: &str, name: &str, lines: &str| {
         let p = dir.path().join(name);
         std::fs::write(&p, lines).unwrap();
-        p.display().to_string()
+        json(&geogate(&[
+            "lab",
+            "trace",
+            "--gate",
+            gate,
+            "--trace",
+            &p.display().to_string(),
+            "--format",
+            "json",
+        ]))
     };
     // Capacity 20, refill 5/s: 20 at once, the 21st refused; 0.4 s later two
     // more; after 2 s idle ten; a cost-5 request spends five.
@@ -192,16 +202,7 @@ fn lab_trace_reproduces_the_worked_examples() {
     csv.push_str(&"400,1\n".repeat(3));
     csv.push_str(&"2400,1\n".repeat(11));
     csv.push_str("3400,5\n3400,1\n");
-    let r = json(&geogate(&[
-        "lab",
-        "trace",
-        "--gate",
-        "token:rate=5,burst=20",
-        "--trace",
-        &trace("a.csv", &csv),
-        "--format",
-        "json",
-    ]));
+    let r = lab_trace("token:rate=5,burst=20", "a.csv", &csv);
     let admitted: Vec<bool> = r["decisions"]
         .as_array()
         .unwrap()
@@ -219,16 +220,7 @@ fn lab_trace_reproduces_the_worked_examples() {
 
     // r = 1/s, b = 3: twenty idle seconds hold three tokens.
     let csv = format!("{}{}", "0\n".repeat(3), "20000\n".repeat(7));
-    let r = json(&geogate(&[
-        "lab",
-        "trace",
-        "--gate",
-        "token:rate=1,burst=3",
-        "--trace",
-        &trace("b.csv", &csv),
-        "--format",
-        "json",
-    ]));
+    let r = lab_trace("token:rate=1,burst=3", "b.csv", &csv);
     let late: Vec<bool> = r["decisions"].as_array().unwrap()[3..]
         .iter()
         .map(|d| d["admitted"].as_bool().unwrap())
@@ -236,16 +228,7 @@ fn lab_trace_reproduces_the_worked_examples() {
     assert_eq!(late.iter().filter(|a| **a).count(), 3);
 
     // A shaper at 5/s given 20 at once releases the 20th 3.8 s after the first.
-    let r = json(&geogate(&[
-        "lab",
-        "trace",
-        "--gate",
-        "leaky_shaper:rate=5,burst=20",
-        "--trace",
-        &trace("c.csv", &"0\n".repeat(20)),
-        "--format",
-        "json",
-    ]));
+    let r = lab_trace("leaky_shaper:rate=5,burst=20", "c.csv", &"0\n".repeat(20));
     let releases: Vec<f64> = r["decisions"]
         .as_array()
         .unwrap()
