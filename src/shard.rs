@@ -387,8 +387,14 @@ pub async fn worker(
         if received == 0 {
             break;
         }
+        // Read under the watch's lock once per batch, and again only when
+        // it changes (a lock-free check): every worker shares that lock.
+        let mut deadline = *ctx.deadline.borrow();
         for item in batch.drain(..) {
-            if ctx.deadline.borrow().is_some_and(|d| Instant::now() >= d) {
+            if ctx.deadline.has_changed().unwrap_or(false) {
+                deadline = *ctx.deadline.borrow_and_update();
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 // Past the drain deadline: what is left stays unacked.
                 break 'batches;
             }

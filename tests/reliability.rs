@@ -7,7 +7,7 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use support::geogate::{
-    GeogateProcess, Message, Setup, entered_fixes, native, publish_all, read_ndjson,
+    GeogateProcess, Message, Setup, entered_fixes, enters, native, publish_all, read_ndjson,
 };
 
 const T0: i64 = 1_750_000_000_000;
@@ -425,8 +425,8 @@ fn overload_at_ten_times_the_sustained_rate() {
     let (ok, stdout) = geogate.terminate();
     assert!(ok && stdout.contains("(balanced)"), "{stdout}");
 
-    // No High event lost.
-    let entered = entered_fixes(&dir.path().join("events.ndjson"));
+    // No High event lost (geogate has exited: every line must be whole).
+    let entered = enters(&read_ndjson(&dir.path().join("events.ndjson")));
     assert!(
         high.is_subset(&entered),
         "lost High: {:?}",

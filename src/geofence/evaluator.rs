@@ -154,7 +154,8 @@ impl Evaluator {
         lon: f64,
         out: &mut Vec<Transition>,
     ) {
-        // get_mut first: the common case costs one hash and no Arc clone.
+        // Look up before inserting: a known vehicle (the common case) costs
+        // no Arc clone of its id.
         if !self.vehicles.contains_key(vehicle) {
             let fresh = VehicleState {
                 last_fix_ms: i64::MIN,

@@ -302,9 +302,20 @@ pub fn native(
 
 /// Reads an NDJSON file into JSON values (missing file: empty).
 pub fn read_ndjson(path: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
+    parse_ndjson(&std::fs::read_to_string(path).unwrap_or_default())
+}
+
+/// The complete lines of a file a running process is appending to: a last
+/// line without its newline is still being written, and is left for the
+/// next read rather than failing the parse.
+pub fn read_ndjson_so_far(path: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let complete = text.rfind('\n').map_or("", |end| &text[..=end]);
+    parse_ndjson(complete)
+}
+
+fn parse_ndjson(text: &str) -> Vec<serde_json::Value> {
+    text.lines()
         .filter(|l| !l.is_empty())
         .map(|l| serde_json::from_str(l).expect("every line parses"))
         .collect()
@@ -347,10 +358,16 @@ pub async fn collect(
     got
 }
 
-/// The (vehicle, fix time) of every `enter` in an events file: with fixes
-/// that alternate between fences A and B, one per evaluated fix.
+/// The (vehicle, fix time) of every `enter` in an events file a running
+/// geogate is writing: with fixes that alternate between fences A and B,
+/// one per evaluated fix.
 pub fn entered_fixes(events: &Path) -> std::collections::BTreeSet<(String, i64)> {
-    read_ndjson(events)
+    enters(&read_ndjson_so_far(events))
+}
+
+/// The (vehicle, fix time) of every `enter` among `events`.
+pub fn enters(events: &[serde_json::Value]) -> std::collections::BTreeSet<(String, i64)> {
+    events
         .iter()
         .filter(|e| e["event"] == "enter")
         .map(|e| {
