@@ -9,7 +9,7 @@
 use bytes::Bytes;
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use geogate::accounting::Accounting;
-use geogate::admission::{AdmissionPolicy, GateSpec};
+use geogate::admission::{Admission, AdmissionPolicy, GateSpec};
 use geogate::capture;
 use geogate::clock::MonotonicClock;
 use geogate::codec::{CodecSettings, Dedup, decode};
@@ -18,7 +18,7 @@ use geogate::geofence::{Evaluator, EvaluatorSettings, FenceIndex, load_fences};
 use geogate::shard::{Router, ShardInput, WorkerContext, worker};
 use geogate::sink::dead_letter::DeadLetterSink;
 use geogate::sink::events::EventSink;
-use geogate::source::mqtt::Intake;
+use geogate::source::{Completions, Envelope};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use std::hint::black_box;
 use std::path::Path;
@@ -74,12 +74,12 @@ struct Pipeline {
 }
 
 impl Pipeline {
-    fn intake(payloads: &[(String, Bytes)]) -> mpsc::Receiver<Intake> {
+    fn intake(payloads: &[(String, Bytes)]) -> mpsc::Receiver<Envelope> {
         let (tx, rx) = mpsc::channel(payloads.len());
         let now = Instant::now();
         for (topic, payload) in payloads {
-            let item = Intake {
-                seq: None,
+            let item = Envelope {
+                token: None,
                 topic: topic.clone(),
                 payload: payload.clone(),
                 received_at: now,
@@ -91,9 +91,9 @@ impl Pipeline {
 
     /// Routes and evaluates every queued message on `shards` workers;
     /// returns how many were evaluated.
-    async fn run(&self, intake: mpsc::Receiver<Intake>, shards: usize) -> u64 {
+    async fn run(&self, intake: mpsc::Receiver<Envelope>, shards: usize) -> u64 {
         let accounting = Arc::new(Accounting::default());
-        let (acker, _acks) = mpsc::unbounded_channel();
+        let (completions, _finished) = Completions::channel();
         let (_fences_tx, fences) = watch::channel(self.index.clone());
         let (_deadline_tx, deadline) = watch::channel(None);
         let events = Arc::new(EventSink::new(None, None).expect("no-op sink"));
@@ -106,7 +106,10 @@ impl Pipeline {
             inputs.push(ShardInput::new(
                 shard,
                 tx,
-                gate.build().expect("gate"),
+                Admission::new(
+                    AdmissionPolicy::new(0.6, capacity).expect("policy"),
+                    gate.build().expect("gate"),
+                ),
                 None,
             ));
             let evaluator = Evaluator::new(self.index.clone(), EvaluatorSettings::default());
@@ -114,7 +117,7 @@ impl Pipeline {
                 shard,
                 fences: fences.clone(),
                 events: events.clone(),
-                acker: acker.clone(),
+                completions: completions.clone(),
                 accounting: accounting.clone(),
                 sustained_rate: 0.0,
                 deadline: deadline.clone(),
@@ -131,14 +134,14 @@ impl Pipeline {
         .expect("dead-letter file");
         let router = Router {
             shards: inputs,
-            policy: AdmissionPolicy::new(0.6, capacity).expect("policy"),
             dedup: Dedup::new(codec.dedup_window),
             codec,
             dead_letter,
             mirror: None,
-            acker,
+            completions,
             accounting: accounting.clone(),
             clock: MonotonicClock::new(),
+            deadline: deadline.clone(),
         };
         // Spawned, as in `pipeline::run`, so the scheduler treats it alike.
         // Started as `pipeline::run` starts it, on its own thread.

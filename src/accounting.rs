@@ -1,13 +1,16 @@
 //! The accounting invariant, kept by atomic counters every stage updates:
 //!
-//! `received = invalid + shed + evaluated + in_queue`
+//! `received = invalid + shed + evaluated + out_of_order + in_queue`
 //!
 //! `received` counts messages taken from the broker into the pipeline;
 //! `invalid` those refused by the codec (duplicates included); `shed` those a
-//! gate refused; `evaluated` those the geofence engine finished; `in_queue`
-//! the rest (admitted, not yet evaluated). At shutdown `in_queue` is what the
-//! drain deadline left behind, unacked and so redelivered on restart.
-//! The same numbers feed the Prometheus counters.
+//! gate refused; `evaluated` those the geofence engine applied;
+//! `out_of_order` fixes older than their vehicle's last applied fix, which
+//! changed nothing (counted on their own so that a reordering broker shows
+//! up here instead of hiding among the evaluated); `in_queue` the rest:
+//! taken and not finished. At shutdown `in_queue` is what the drain deadline
+//! (or a sink that stayed broken until then) left behind, unacked and so
+//! redelivered on restart. The same numbers feed the Prometheus counters.
 
 use crate::codec::Reason;
 use serde::Serialize;
@@ -25,11 +28,15 @@ struct RouterCounts {
     invalid: [AtomicU64; Reason::ALL.len()],
     shed: AtomicU64,
     admitted: AtomicU64,
+    /// Refused, but the dead letter could not take the record before
+    /// shutdown: left unacked, so still "in queue" for the balance.
+    abandoned: AtomicU64,
 }
 
 #[derive(Debug, Default)]
 struct WorkerCounts {
     evaluated: AtomicU64,
+    out_of_order: AtomicU64,
     transitions: AtomicU64,
 }
 
@@ -48,22 +55,25 @@ pub struct Balance {
     pub invalid: u64,
     pub shed: u64,
     pub evaluated: u64,
+    pub out_of_order: u64,
     pub in_queue: u64,
 }
 
 impl Balance {
     pub fn balances(&self) -> bool {
-        self.received == self.invalid + self.shed + self.evaluated + self.in_queue
+        self.received
+            == self.invalid + self.shed + self.evaluated + self.out_of_order + self.in_queue
     }
 
     /// The line geogate prints at shutdown.
     pub fn line(&self) -> String {
         format!(
-            "accounting: received {} = invalid {} + shed {} + evaluated {} + in_queue {} ({})",
+            "accounting: received {} = invalid {} + shed {} + evaluated {} + out_of_order {} + in_queue {} ({})",
             self.received,
             self.invalid,
             self.shed,
             self.evaluated,
+            self.out_of_order,
             self.in_queue,
             if self.balances() {
                 "balanced"
@@ -95,6 +105,18 @@ impl Accounting {
         self.workers.0.evaluated.fetch_add(1, Relaxed);
     }
 
+    /// A fix older than its vehicle's last applied one: finished, but it
+    /// changed nothing.
+    pub fn out_of_order(&self) {
+        self.workers.0.out_of_order.fetch_add(1, Relaxed);
+    }
+
+    /// A refusal whose dead-letter record could not be written before
+    /// shutdown: it stays unacked and counts as in queue.
+    pub fn abandoned(&self) {
+        self.router.0.abandoned.fetch_add(1, Relaxed);
+    }
+
     /// Transitions emitted (not part of the balance; for progress displays).
     pub fn transitions(&self, n: u64) {
         self.workers.0.transitions.fetch_add(n, Relaxed);
@@ -115,7 +137,9 @@ impl Accounting {
         // Read downstream counters first so that a concurrent event is seen
         // as in flight rather than double counted.
         let evaluated = self.workers.0.evaluated.load(Relaxed);
+        let out_of_order = self.workers.0.out_of_order.load(Relaxed);
         let admitted = self.router.0.admitted.load(Relaxed);
+        let abandoned = self.router.0.abandoned.load(Relaxed);
         let shed = self.router.0.shed.load(Relaxed);
         let invalid = self.router.0.invalid.iter().map(|c| c.load(Relaxed)).sum();
         let received = self.received.0.load(Relaxed);
@@ -124,7 +148,8 @@ impl Accounting {
             invalid,
             shed,
             evaluated,
-            in_queue: admitted.saturating_sub(evaluated),
+            out_of_order,
+            in_queue: (admitted + abandoned).saturating_sub(evaluated + out_of_order),
         }
     }
 }

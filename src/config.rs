@@ -87,6 +87,11 @@ pub struct MqttConfig {
     pub max_packet_bytes: usize,
     #[serde(default = "defaults::keep_alive_s")]
     pub keep_alive_s: u64,
+    /// Budget for one whole connect (TCP, TLS, CONNECT/CONNACK). A connect
+    /// is never cut short by anything else; past this it is logged and
+    /// retried with backoff.
+    #[serde(default = "defaults::connect_timeout_s")]
+    pub connect_timeout_s: u64,
     /// Most QoS 1 messages held unacked before intake stops reading.
     #[serde(default = "defaults::max_unacked")]
     pub max_unacked: usize,
@@ -124,6 +129,7 @@ impl fmt::Debug for MqttConfig {
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("max_packet_bytes", &self.max_packet_bytes)
             .field("keep_alive_s", &self.keep_alive_s)
+            .field("connect_timeout_s", &self.connect_timeout_s)
             .field("max_unacked", &self.max_unacked)
             .field("subscribe_qos", &self.subscribe_qos)
             .field("tls", &self.tls)
@@ -254,6 +260,9 @@ mod defaults {
     pub fn keep_alive_s() -> u64 {
         30
     }
+    pub fn connect_timeout_s() -> u64 {
+        10
+    }
     pub fn max_unacked() -> usize {
         4096
     }
@@ -354,6 +363,9 @@ impl Config {
                     problem(field, format!("cannot read {}: {e}", path.display()));
                 }
             }
+        }
+        if self.mqtt.connect_timeout_s == 0 {
+            problem("mqtt.connect_timeout_s", "must be ≥ 1 (seconds)".into());
         }
         if self.mqtt.max_unacked == 0 {
             problem("mqtt.max_unacked", "must be ≥ 1".into());

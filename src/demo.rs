@@ -208,7 +208,7 @@ fn render(
             },
             Series {
                 name: "admitted".into(),
-                points: rate(|b| b.evaluated + b.in_queue),
+                points: rate(|b| b.evaluated + b.out_of_order + b.in_queue),
                 color: PALETTE[2],
             },
             Series {
@@ -263,6 +263,7 @@ fn render(
             "invalid",
             "shed",
             "evaluated",
+            "out_of_order",
             "in_queue",
             "balanced",
         ],
@@ -271,6 +272,7 @@ fn render(
             balance.invalid.to_string(),
             balance.shed.to_string(),
             balance.evaluated.to_string(),
+            balance.out_of_order.to_string(),
             balance.in_queue.to_string(),
             balance.balances().to_string(),
         ]],

@@ -12,6 +12,7 @@
 
 pub mod accounting;
 pub mod admission;
+pub mod backoff;
 pub mod broker;
 pub mod capture;
 pub mod clock;

@@ -9,19 +9,20 @@
 //! finished, flush the sinks, and return the balance.
 
 use crate::accounting::{Accounting, Balance};
-use crate::admission::{AdmissionPolicy, GateKind};
+use crate::admission::{Admission, AdmissionPolicy, GateKind};
 use crate::clock::MonotonicClock;
 use crate::codec::Dedup;
 use crate::config::Config;
 use crate::geofence::{Evaluator, EvaluatorSettings, FenceErrors, FenceIndex, load_fences};
+use crate::shard::input::shaper_lane;
 use crate::shard::{self, DeadLetterMirror, Router, ShardInput, WorkerContext};
 use crate::sink::dead_letter::{DeadLetterSink, Recovery};
 use crate::sink::events::EventSink;
-use crate::source::mqtt::{self, IntakeControl};
+use crate::source::Completions;
+use crate::source::mqtt::{self, Acker, IntakeControl, LiveConnection, poll::PollTask};
 use rumqttc::AsyncClient;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
@@ -145,15 +146,15 @@ pub async fn run(
     }
 
     let accounting = Arc::new(Accounting::default());
-    let control = Arc::new(IntakeControl::default());
-    control.open.store(true, Ordering::Release);
+    let control = IntakeControl::default();
 
     // Output connection: transitions and the dead-letter mirror.
     let needs_output = config.events.mqtt || dl.mqtt_topic.is_some();
     let output = if needs_output {
         let id = format!("{}-out", config.mqtt.client_id);
         let options = mqtt::connection(&config.mqtt, &id).map_err(PipelineError::Mqtt)?;
-        let (client, eventloop) = AsyncClient::new(options, 10_000);
+        let (client, mut eventloop) = AsyncClient::new(options, 10_000);
+        eventloop.set_network_options(mqtt::network_options(&config.mqtt));
         tokio::spawn(drive_output(eventloop));
         Some(client)
     } else {
@@ -171,10 +172,14 @@ pub async fn run(
     let max_unacked = config.mqtt.max_unacked;
     let intake_options =
         mqtt::options(&config.mqtt, &config.mqtt.client_id).map_err(PipelineError::Mqtt)?;
-    let (client, eventloop) = AsyncClient::new(intake_options, max_unacked * 2 + 64);
+    let (client, mut eventloop) = AsyncClient::new(intake_options, max_unacked * 2 + 64);
+    eventloop.set_network_options(mqtt::network_options(&config.mqtt));
     let (intake_tx, intake_rx) = mpsc::channel(max_unacked.clamp(1, 1024));
-    let (acker_tx, acker_rx) = mpsc::unbounded_channel();
-    let acker = tokio::spawn(mqtt::acker(client.clone(), acker_rx, control.clone()));
+    let (registrations_tx, registrations_rx) = mpsc::unbounded_channel();
+    let (completions, finished_rx) = Completions::channel();
+    let live = Arc::new(LiveConnection::default());
+    let acker =
+        tokio::spawn(Acker::new(client.clone(), live.clone()).run(registrations_rx, finished_rx));
 
     // Shards.
     let shard_count = config.pipeline.shard_count();
@@ -201,16 +206,21 @@ pub async fn run(
             .map_err(|e| PipelineError::Config(e.to_string()))?;
         let lane = (config.gate.kind == GateKind::LeakyShaper).then(|| {
             let (lane_tx, lane_rx) = mpsc::unbounded_channel();
-            tokio::spawn(shard::shaper_lane(clock, lane_rx, tx.clone()));
+            tokio::spawn(shaper_lane(clock, lane_rx, tx.clone()));
             lane_tx
         });
-        inputs.push(ShardInput::new(shard, tx, gate, lane));
+        inputs.push(ShardInput::new(
+            shard,
+            tx,
+            Admission::new(policy, gate),
+            lane,
+        ));
         let evaluator = Evaluator::new(fence_rx.borrow().clone(), settings);
         let ctx = WorkerContext {
             shard,
             fences: fence_rx.clone(),
             events: events.clone(),
-            acker: acker_tx.clone(),
+            completions: completions.clone(),
             accounting: accounting.clone(),
             sustained_rate: config.pipeline.sustained_rate,
             deadline: deadline_rx.clone(),
@@ -220,7 +230,6 @@ pub async fn run(
     }
     let router = Router {
         shards: inputs,
-        policy,
         codec: config.codec.clone(),
         dedup: Dedup::new(config.codec.dedup_window),
         dead_letter,
@@ -229,20 +238,23 @@ pub async fn run(
             .clone()
             .zip(output)
             .map(|(topic, client)| DeadLetterMirror { client, topic }),
-        acker: acker_tx.clone(),
+        completions,
         accounting: accounting.clone(),
         clock,
+        deadline: deadline_rx.clone(),
     };
     let router = router.spawn(intake_rx);
-    let poll = tokio::spawn(mqtt::poll_loop(
+    let poll = tokio::spawn(mqtt::poll_loop(PollTask {
         client,
         eventloop,
-        mqtt::subscribe_filters(&config.mqtt),
-        intake_tx,
-        acker_tx,
-        control.clone(),
-        accounting.clone(),
-    ));
+        filters: mqtt::subscribe_filters(&config.mqtt),
+        broker: mqtt::broker_address(&config.mqtt),
+        intake: intake_tx,
+        registrations: registrations_tx,
+        live,
+        phase: control.watch(),
+        accounting: accounting.clone(),
+    }));
     let view = PipelineView {
         accounting: accounting.clone(),
         queues,
@@ -256,7 +268,7 @@ pub async fn run(
 
     shutdown.await;
     tracing::info!("shutting down: intake closed, draining");
-    control.open.store(false, Ordering::Release);
+    control.close();
     let deadline = Instant::now() + Duration::from_secs_f64(config.pipeline.drain_deadline_s);
     let _ = deadline_tx.send(Some(deadline));
     let mut dead_letter = router.await.ok();
@@ -264,6 +276,7 @@ pub async fn run(
         let _ = w.await;
     }
     let _ = acker.await;
+    control.acks_flushed();
     let _ = tokio::time::timeout(Duration::from_secs(5), poll).await;
     gauges.abort();
     events.flush();

@@ -9,10 +9,13 @@
 //!   every later arrival (head-of-line, as in the live router);
 //! * queue length at an arrival is the number of events waiting (not the one
 //!   in service), as the live channel counts;
-//! * a shaped event joins its queue at its release time;
+//! * admission is [`Admission::decide`], the live router's own rule: a Low
+//!   event at a full queue is shed without asking an unpaced gate;
+//! * a shaped event waits in its shard's lane until its release time, then
+//!   for room, and joins the queue (it is never queued past capacity);
 //! * percentiles are nearest-rank.
 
-use crate::admission::{AdmissionPolicy, Decision, Gate, GateSpec, Route};
+use crate::admission::{Admission, AdmissionPolicy, GateSpec, Verdict};
 use crate::capture::CaptureRecord;
 use crate::clock::{NANOS_PER_SEC, Nanos};
 use crate::codec::{CodecSettings, Dedup, decode};
@@ -64,29 +67,81 @@ fn r3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
 
+/// One shard's queue and worker: a FIFO single server with a fixed service
+/// time, plus the shaper's lane in front of it.
+#[derive(Default)]
 struct ShardModel {
-    /// Service start times of queued events, ascending.
+    /// Service start times of queued events, ascending (FIFO).
     starts: VecDeque<Nanos>,
+    /// Entry times of queued events that had to wait for room and so enter
+    /// later than they were scheduled; not yet in the queue before then.
+    late_entries: Vec<Nanos>,
+    /// Shaped events admitted by the gate, by release time.
+    lane: VecDeque<Nanos>,
     busy_until: Nanos,
     above_since: Option<Nanos>,
     above_total: Nanos,
 }
 
 impl ShardModel {
-    fn waiting_at(&mut self, t: Nanos) -> usize {
+    /// Events in the queue at `t`: entered, not yet in service (as the live
+    /// channel counts them; the lane is not the queue).
+    fn fill_at(&mut self, t: Nanos) -> usize {
         while self.starts.front().is_some_and(|&s| s <= t) {
             self.starts.pop_front();
         }
-        self.starts.len()
+        self.late_entries.retain(|&e| e > t);
+        self.starts.len() - self.late_entries.len()
     }
 
-    /// Enqueues at `t`; returns the service start time.
-    fn enqueue(&mut self, t: Nanos, service: Nanos) -> Nanos {
-        let start = self.busy_until.max(t);
+    /// When an event that wants in at `t` finds room: at once, or when
+    /// enough of those ahead of it have started.
+    fn room_at(&mut self, t: Nanos, capacity: usize) -> Nanos {
+        self.fill_at(t);
+        let waiting = self.starts.len();
+        if waiting < capacity {
+            t
+        } else {
+            self.starts[waiting - capacity]
+        }
+    }
+
+    /// Queues an event that wants in at `t`; returns (entry, service start).
+    fn enqueue(&mut self, t: Nanos, capacity: usize, service: Nanos) -> (Nanos, Nanos) {
+        let enter = self.room_at(t, capacity);
+        if enter > t {
+            self.late_entries.push(enter);
+        }
+        let start = self.busy_until.max(enter);
         self.busy_until = start + service;
         self.starts.push_back(start);
-        start
+        (enter, start)
     }
+
+    /// Moves shaped events whose release time has come into the queue.
+    fn release_due(&mut self, t: Nanos, capacity: usize, service: Nanos) {
+        while let Some(&release) = self.lane.front() {
+            if release > t {
+                break;
+            }
+            self.lane.pop_front();
+            self.enqueue(release, capacity, service);
+        }
+    }
+}
+
+/// One decision of the replay, for tests that hold it against the live
+/// router.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Step {
+    /// When the router handled the event (later than its arrival if a full
+    /// queue made an earlier High event wait).
+    pub handled_at: Nanos,
+    pub shard: usize,
+    pub fill: usize,
+    pub verdict: Verdict,
+    /// The shard gate's level just after the decision.
+    pub gate_level: f64,
 }
 
 /// Runs the capture through one gate.
@@ -96,6 +151,16 @@ pub fn simulate(
     settings: &SimSettings,
     codec: &CodecSettings,
 ) -> Result<GateReport, String> {
+    simulate_steps(capture, spec, settings, codec).map(|(report, _)| report)
+}
+
+/// [`simulate`], also returning every admission decision in order.
+pub fn simulate_steps(
+    capture: &[CaptureRecord],
+    spec: &GateSpec,
+    settings: &SimSettings,
+    codec: &CodecSettings,
+) -> Result<(GateReport, Vec<Step>), String> {
     let shards = settings.shards.max(1);
     let policy = AdmissionPolicy::new(settings.watermark, settings.queue_capacity)
         .map_err(|e| e.to_string())?;
@@ -106,18 +171,11 @@ pub fn simulate(
         ));
     }
     let service = ((NANOS_PER_SEC as f64 / settings.service_rate).ceil() as Nanos).max(1);
-    let mut gates = (0..shards)
-        .map(|_| spec.build())
+    let mut admissions = (0..shards)
+        .map(|_| spec.build().map(|gate| Admission::new(policy, gate)))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
-    let mut models: Vec<ShardModel> = (0..shards)
-        .map(|_| ShardModel {
-            starts: VecDeque::new(),
-            busy_until: 0,
-            above_since: None,
-            above_total: 0,
-        })
-        .collect();
+    let mut models: Vec<ShardModel> = (0..shards).map(|_| ShardModel::default()).collect();
     let mut dedup = Dedup::new(codec.dedup_window);
     let mut report = GateReport {
         gate: spec.label(),
@@ -134,6 +192,7 @@ pub fn simulate(
         high_delay_p99_ms: 0.0,
         shed_per_second: Vec::new(),
     };
+    let mut steps = Vec::new();
     let mut high_delays = Vec::new();
     let mut router_free_at: Nanos = 0;
     let capacity = settings.queue_capacity;
@@ -152,7 +211,8 @@ pub fn simulate(
         };
         let s = shard_of(&fix.vehicle, shards);
         let model = &mut models[s];
-        let len = model.waiting_at(t);
+        model.release_due(t, capacity, service);
+        let len = model.fill_at(t);
         report.peak_fill = report.peak_fill.max(len as f64 / capacity as f64);
         let above = len >= policy.threshold();
         match (above, model.above_since) {
@@ -166,37 +226,41 @@ pub fn simulate(
         if fix.priority == Priority::Low {
             report.low_offered += 1;
         }
-        match policy.route(len, fix.priority) {
-            Route::Enqueue | Route::Backpressure => {
-                // A full queue makes the router wait until the head starts.
-                let enter = if len >= capacity {
-                    model.starts[len - capacity]
-                } else {
-                    t
-                };
+        let verdict = admissions[s].decide(len, fix.priority, t);
+        match verdict {
+            Verdict::Enqueue => {
+                // A full queue makes the router wait until there is room.
+                let (enter, start) = model.enqueue(t, capacity, service);
                 router_free_at = router_free_at.max(enter);
-                model.waiting_at(enter);
-                let start = model.enqueue(enter, service);
                 report.admitted += 1;
                 if fix.priority == Priority::High {
                     high_delays.push(start - record.t_ns);
                 }
             }
-            Route::Gate => match gates[s].try_admit(t, 1) {
-                Decision::Admit { release_at } => {
-                    model.enqueue(release_at, service);
-                    report.admitted += 1;
+            Verdict::Release { at } => {
+                if admissions[s].paces() {
+                    model.lane.push_back(at);
+                } else {
+                    model.enqueue(at, capacity, service);
                 }
-                Decision::Reject { .. } => {
-                    report.shed += 1;
-                    let second = (record.t_ns / NANOS_PER_SEC) as usize;
-                    if report.shed_per_second.len() <= second {
-                        report.shed_per_second.resize(second + 1, 0);
-                    }
-                    report.shed_per_second[second] += 1;
+                report.admitted += 1;
+            }
+            Verdict::Shed(_) => {
+                report.shed += 1;
+                let second = (record.t_ns / NANOS_PER_SEC) as usize;
+                if report.shed_per_second.len() <= second {
+                    report.shed_per_second.resize(second + 1, 0);
                 }
-            },
+                report.shed_per_second[second] += 1;
+            }
         }
+        steps.push(Step {
+            handled_at: t,
+            shard: s,
+            fill: len,
+            verdict,
+            gate_level: admissions[s].level(t),
+        });
     }
     let end = capture.last().map_or(0, |r| r.t_ns).max(router_free_at);
     let worst = models
@@ -215,7 +279,7 @@ pub fn simulate(
     high_delays.sort_unstable();
     report.high_delay_p50_ms = r3(percentile(&high_delays, 0.50) as f64 / 1e6);
     report.high_delay_p99_ms = r3(percentile(&high_delays, 0.99) as f64 / 1e6);
-    Ok(report)
+    Ok((report, steps))
 }
 
 #[cfg(test)]

@@ -24,12 +24,14 @@
 
 pub mod fixed_window;
 pub mod leaky_bucket;
+pub mod rule;
 pub mod spec;
 pub mod token_bucket;
 pub mod watermark;
 
 pub use fixed_window::FixedWindow;
 pub use leaky_bucket::{LeakyMeter, LeakyShaper};
+pub use rule::{Admission, ShedCause, Verdict};
 pub use spec::{GateKind, GateSpec, GateSpecError};
 pub use token_bucket::TokenBucket;
 pub use watermark::{AdmissionPolicy, Route, WatermarkError};

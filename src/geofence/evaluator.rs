@@ -54,6 +54,16 @@ pub struct Transition {
     pub ts: i64,
 }
 
+/// What one fix did to its vehicle's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FixOutcome {
+    /// Evaluated against the fences and applied (it may have produced no
+    /// transition).
+    Applied,
+    /// Older than the vehicle's last applied fix: nothing changed.
+    OutOfOrder,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EvaluatorSettings {
     /// Global hysteresis in metres; a fence's `hysteresis_m` overrides it.
@@ -153,7 +163,7 @@ impl Evaluator {
         lat: f64,
         lon: f64,
         out: &mut Vec<Transition>,
-    ) {
+    ) -> FixOutcome {
         // Look up before inserting: a known vehicle (the common case) costs
         // no Arc clone of its id.
         if !self.vehicles.contains_key(vehicle) {
@@ -164,11 +174,11 @@ impl Evaluator {
             self.vehicles.insert(vehicle.clone(), fresh);
         }
         let Some(state) = self.vehicles.get_mut(vehicle) else {
-            return;
+            return FixOutcome::Applied;
         };
         if fix_ms < state.last_fix_ms {
             self.stats.out_of_order += 1;
-            return;
+            return FixOutcome::OutOfOrder;
         }
         self.stats.evaluated += 1;
         state.last_fix_ms = fix_ms;
@@ -233,6 +243,7 @@ impl Evaluator {
         if self.stats.evaluated.is_multiple_of(EXPIRY_SWEEP_EVERY) {
             self.expire_idle(self.newest_fix_ms);
         }
+        FixOutcome::Applied
     }
 
     /// Forgets vehicles whose last fix is more than the idle expiry before

@@ -13,7 +13,9 @@ pub mod index;
 pub mod ring;
 pub mod shape;
 
-pub use evaluator::{Evaluator, EvaluatorSettings, EvaluatorStats, Transition, TransitionKind};
+pub use evaluator::{
+    Evaluator, EvaluatorSettings, EvaluatorStats, FixOutcome, Transition, TransitionKind,
+};
 pub use fences::{
     Fence, FenceDefect, FenceErrors, FenceSummary, load_fences, parse_fences, summarize,
 };

@@ -10,10 +10,11 @@
 //! A crash can tear the last line. [`DeadLetterSink::open`] detects a torn
 //! tail, reports it, and starts the next record on a fresh line: never fatal.
 
+use super::append_file::AppendFile;
 use crate::config::FsyncPolicy;
 use serde::{Deserialize, Serialize};
-use std::fs::{File, OpenOptions};
-use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -72,12 +73,14 @@ pub enum Recovery {
 }
 
 pub struct DeadLetterSink {
-    path: PathBuf,
-    file: File,
-    written: u64,
+    file: AppendFile,
     rotate_bytes: u64,
     fsync: FsyncPolicy,
-    line: Vec<u8>,
+    /// The record being written, until it is queued behind a successful
+    /// rotation check (a failed rotation keeps it here for the retry).
+    pending: Option<Vec<u8>>,
+    /// A record is in the file but not yet synced as the policy asks.
+    unsynced: bool,
 }
 
 impl DeadLetterSink {
@@ -87,63 +90,78 @@ impl DeadLetterSink {
         rotate_bytes: u64,
         fsync: FsyncPolicy,
     ) -> io::Result<(Self, Recovery)> {
-        let mut file = OpenOptions::new()
-            .create(true)
-            .read(true)
-            .append(true)
-            .open(path)?;
-        let len = file.metadata()?.len();
-        let recovery = torn_tail(&mut file, len)?;
+        let recovery = match File::open(path) {
+            Ok(mut existing) => {
+                let len = existing.metadata()?.len();
+                torn_tail(&mut existing, len)?
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Recovery::Clean,
+            Err(e) => return Err(e),
+        };
+        let mut file = AppendFile::open(path)?;
         if let Recovery::TornTail { .. } = recovery {
             // Terminate the torn record so the next one starts clean; the
             // torn line stays for an operator to inspect.
-            file.write_all(b"\n")?;
+            file.queue(b"\n");
+            file.write_unwritten()?;
         }
-        let written = file.metadata()?.len();
         let sink = Self {
-            path: path.to_owned(),
             file,
-            written,
             rotate_bytes,
             fsync,
-            line: Vec::with_capacity(512),
+            pending: None,
+            unsynced: false,
         };
         Ok((sink, recovery))
     }
 
+    pub fn path(&self) -> &Path {
+        self.file.path()
+    }
+
     /// Appends one record durably (per the fsync policy) before returning.
+    /// On error the record stays with the sink: [`Self::retry`] finishes
+    /// it, exactly once.
     pub fn write(&mut self, record: &DeadLetter) -> io::Result<()> {
-        self.line.clear();
-        serde_json::to_writer(&mut self.line, record)?;
-        self.line.push(b'\n');
-        if self.written > 0 && self.written + self.line.len() as u64 > self.rotate_bytes {
-            self.rotate()?;
+        let mut line = Vec::with_capacity(512);
+        serde_json::to_writer(&mut line, record)?;
+        line.push(b'\n');
+        self.pending = Some(line);
+        self.retry()
+    }
+
+    /// Finishes what an earlier [`Self::write`] could not.
+    pub fn retry(&mut self) -> io::Result<()> {
+        if let Some(line) = &self.pending {
+            if !self.file.is_empty()
+                && !self.file.has_unwritten()
+                && self.file.len() + line.len() as u64 > self.rotate_bytes
+            {
+                self.file.rotate(&rotated_path(self.file.path()))?;
+            }
+            self.file.queue(line);
+            self.pending = None;
+            self.unsynced = true;
         }
         // One write call per record: a crash tears at most this line.
-        self.file.write_all(&self.line)?;
-        self.written += self.line.len() as u64;
-        if self.fsync == FsyncPolicy::Always {
+        self.file.write_unwritten()?;
+        if self.unsynced && self.fsync == FsyncPolicy::Always {
             self.file.sync_data()?;
         }
+        self.unsynced = false;
         Ok(())
     }
 
-    fn rotate(&mut self) -> io::Result<()> {
-        self.file.sync_all()?;
-        let rotated = rotated_path(&self.path);
-        std::fs::rename(&self.path, &rotated)?;
-        self.file = OpenOptions::new()
-            .create(true)
-            .read(true)
-            .append(true)
-            .open(&self.path)?;
-        self.written = 0;
-        Ok(())
+    /// Forgets a record shutdown gave up on (its message stays unacked).
+    pub fn discard_unwritten(&mut self) {
+        self.pending = None;
+        self.file.discard_unwritten();
+        self.unsynced = false;
     }
 
     /// Flushes to stable storage (shutdown).
     pub fn sync(&mut self) -> io::Result<()> {
-        self.file.sync_all()
+        self.file.sync_data()
     }
 }
 

@@ -1,0 +1,157 @@
+//! An append-only file that keeps what it could not write.
+//!
+//! Bytes handed to it are written in full or stay queued: a short write
+//! (ENOSPC part-way through a record) resumes where it stopped, so a retry
+//! never duplicates or tears a record. After a failure the file is opened
+//! again by path on the next attempt, so a sink pointed at a path that is
+//! fixed while geogate runs (a freed disk, a directory made writable, a
+//! symlink re-pointed) recovers without a restart.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+pub struct AppendFile {
+    path: PathBuf,
+    /// `None` after a failure: reopened by path on the next attempt.
+    file: Option<File>,
+    /// Accepted, not yet written, in order.
+    unwritten: Vec<u8>,
+    /// Bytes in the file as last known (for rotation decisions).
+    len: u64,
+}
+
+fn open_append(path: &Path) -> io::Result<File> {
+    OpenOptions::new().create(true).append(true).open(path)
+}
+
+impl AppendFile {
+    pub fn open(path: &Path) -> io::Result<Self> {
+        let file = open_append(path)?;
+        let len = file.metadata().map_or(0, |m| m.len());
+        Ok(Self {
+            path: path.to_owned(),
+            file: Some(file),
+            unwritten: Vec::new(),
+            len,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes in the file, as far as this writer knows.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn has_unwritten(&self) -> bool {
+        !self.unwritten.is_empty()
+    }
+
+    /// Queues `bytes` behind anything still unwritten.
+    pub fn queue(&mut self, bytes: &[u8]) {
+        self.unwritten.extend_from_slice(bytes);
+    }
+
+    /// Drops what could not be written (shutdown gave up on it: the
+    /// messages behind it stay unacked and come back).
+    pub fn discard_unwritten(&mut self) {
+        self.unwritten.clear();
+    }
+
+    /// Writes everything queued; on error the rest stays queued.
+    pub fn write_unwritten(&mut self) -> io::Result<()> {
+        if self.unwritten.is_empty() {
+            return Ok(());
+        }
+        let result = self.write_queued();
+        if result.is_err() {
+            self.file = None;
+        }
+        result
+    }
+
+    fn write_queued(&mut self) -> io::Result<()> {
+        self.file()?;
+        let Some(file) = self.file.as_mut() else {
+            return Err(io::Error::other("file not open"));
+        };
+        let mut written = 0;
+        let result = loop {
+            if written == self.unwritten.len() {
+                break Ok(());
+            }
+            match file.write(&self.unwritten[written..]) {
+                Ok(0) => break Err(io::Error::from(io::ErrorKind::WriteZero)),
+                Ok(n) => written += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(e),
+            }
+        };
+        self.unwritten.drain(..written);
+        self.len += written as u64;
+        result
+    }
+
+    /// Forces written data to stable storage.
+    pub fn sync_data(&mut self) -> io::Result<()> {
+        let result = self.file()?.sync_data();
+        if result.is_err() {
+            self.file = None;
+        }
+        result
+    }
+
+    /// Moves the file to `to` and starts a new one at the path.
+    pub fn rotate(&mut self, to: &Path) -> io::Result<()> {
+        self.file()?.sync_all()?;
+        std::fs::rename(&self.path, to)?;
+        self.file = None;
+        self.len = 0;
+        self.file().map(|_| ())
+    }
+
+    fn file(&mut self) -> io::Result<&mut File> {
+        if self.file.is_none() {
+            let file = open_append(&self.path)?;
+            self.len = file.metadata().map_or(0, |m| m.len());
+            self.file = Some(file);
+        }
+        self.file
+            .as_mut()
+            .ok_or_else(|| io::Error::other("file not open"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_write_keeps_its_bytes_and_a_reopened_path_takes_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("sink.ndjson");
+        let real = dir.path().join("real.ndjson");
+        std::os::unix::fs::symlink("/dev/full", &link).unwrap();
+        let mut file = AppendFile::open(&link).unwrap();
+        file.queue(b"one\n");
+        let err = file.write_unwritten().unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(28), "ENOSPC from /dev/full: {err}");
+        assert!(file.has_unwritten());
+        file.queue(b"two\n");
+        assert!(file.write_unwritten().is_err());
+        // The path is fixed while the writer holds its bytes.
+        std::fs::remove_file(&link).unwrap();
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        file.write_unwritten().unwrap();
+        assert!(!file.has_unwritten());
+        assert_eq!(std::fs::read_to_string(&real).unwrap(), "one\ntwo\n");
+        assert_eq!(file.len(), 8);
+    }
+}

@@ -1,0 +1,228 @@
+//! Acks finished QoS 1 messages: in receive order, only on the connection
+//! each one arrived on, and at most once per packet id per connection.
+//!
+//! Why the connection matters: a packet id means something only on the
+//! connection that carried it. After a reconnect the broker either resumes
+//! the session and redelivers what was unacked (with the same ids), or
+//! starts a new session whose ids begin again at 1. Acking a message from
+//! the old connection on the new one is then a *stale* ack: with a kept
+//! session it acks the redelivered copy a second time; with a new session
+//! it acks a different, newer message before it was evaluated. mosquitto
+//! 2.0.11 (Debian 12) also frees an inflight slot for an ack of an id it no
+//! longer holds, and can then send newer messages ahead of queued older
+//! ones. So a message from an older connection is never acked: with a kept
+//! session its redelivered copy is acked instead (it is registered later,
+//! so it is acked only after the original is finished), and with a new
+//! session there is nothing left to ack.
+//!
+//! The ack is handed to the client while [`LiveConnection`]'s lock is held,
+//! and the poll task takes that lock to mark a connection dead before it
+//! purges unsent acks from the client's queue, so no ack of a dead
+//! connection can slip through to the next one.
+
+use crate::source::AckToken;
+use rumqttc::{AsyncClient, ClientError, Publish};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Numbers the intake connections of one process, from 1.
+pub type ConnectionId = u64;
+
+/// The connection that is up now, if any.
+#[derive(Debug, Default)]
+pub struct LiveConnection(Mutex<Option<ConnectionId>>);
+
+impl LiveConnection {
+    pub fn lock(&self) -> MutexGuard<'_, Option<ConnectionId>> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// A received QoS 1 message the acker must answer for.
+#[derive(Debug)]
+pub struct Registration {
+    pub token: AckToken,
+    pub connection: ConnectionId,
+    /// The publish with its topic and payload moved out: an ack needs only
+    /// the packet id and QoS, so no copy is made per message.
+    pub publish: Publish,
+}
+
+struct Pending {
+    registration: Registration,
+    done: bool,
+    /// A later copy with the same (connection, packet id) is registered:
+    /// that copy carries the one ack.
+    superseded: bool,
+}
+
+/// What the acker did with finished messages, for tests and metrics.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct AckCounts {
+    pub acked: u64,
+    pub old_connection: u64,
+    pub superseded: u64,
+}
+
+/// The ordered acker's state, apart from the channels that feed it.
+pub struct Acker {
+    client: AsyncClient,
+    live: Arc<LiveConnection>,
+    /// Registered and not yet answered, in receive (token) order.
+    pending: VecDeque<Pending>,
+    /// The newest pending token per (connection, packet id).
+    newest: HashMap<(ConnectionId, u16), AckToken>,
+    counts: AckCounts,
+    metrics: [metrics::Counter; 3],
+    unacked: metrics::Gauge,
+}
+
+/// Longest the acker waits for room in a full client request queue before
+/// it gives an ack up (the broker then redelivers the message).
+const FULL_QUEUE_PATIENCE: Duration = Duration::from_secs(5);
+
+impl Acker {
+    pub fn new(client: AsyncClient, live: Arc<LiveConnection>) -> Self {
+        let outcome =
+            |o: &'static str| metrics::counter!("geogate_mqtt_acks_total", "outcome" => o);
+        Self {
+            client,
+            live,
+            pending: VecDeque::new(),
+            newest: HashMap::new(),
+            counts: AckCounts::default(),
+            metrics: [
+                outcome("acked"),
+                outcome("withheld_old_connection"),
+                outcome("withheld_superseded"),
+            ],
+            unacked: metrics::gauge!("geogate_mqtt_unacked"),
+        }
+    }
+
+    pub fn counts(&self) -> AckCounts {
+        self.counts
+    }
+
+    /// Runs until every sender of finished tokens is gone (the router and
+    /// the workers have stopped), then returns.
+    pub async fn run(
+        mut self,
+        mut registrations: mpsc::UnboundedReceiver<Registration>,
+        mut finished: mpsc::UnboundedReceiver<AckToken>,
+    ) -> AckCounts {
+        let mut batch = Vec::with_capacity(256);
+        loop {
+            tokio::select! {
+                biased;
+                n = registrations.recv_many(&mut batch, 256), if !registrations.is_closed() || !registrations.is_empty() => {
+                    if n == 0 { continue; }
+                    for r in batch.drain(..) {
+                        self.register(r);
+                    }
+                }
+                token = finished.recv() => {
+                    let Some(token) = token else { break };
+                    // A token's registration was sent before its message
+                    // entered the pipeline: take every registration that
+                    // is waiting before looking the token up.
+                    while let Ok(r) = registrations.try_recv() {
+                        self.register(r);
+                    }
+                    self.finish(token);
+                    while let Ok(token) = finished.try_recv() {
+                        self.finish(token);
+                    }
+                    self.ack_finished_prefix().await;
+                }
+            }
+            self.unacked.set(self.pending.len() as f64);
+        }
+        self.unacked.set(self.pending.len() as f64);
+        self.counts
+    }
+
+    pub fn register(&mut self, registration: Registration) {
+        let key = (registration.connection, registration.publish.pkid);
+        if let Some(earlier) = self.newest.insert(key, registration.token)
+            && let Some(i) = self.position(earlier)
+        {
+            self.pending[i].superseded = true;
+        }
+        self.pending.push_back(Pending {
+            registration,
+            done: false,
+            superseded: false,
+        });
+    }
+
+    fn position(&self, token: AckToken) -> Option<usize> {
+        self.pending
+            .binary_search_by_key(&token, |p| p.registration.token)
+            .ok()
+    }
+
+    pub fn finish(&mut self, token: AckToken) {
+        if let Some(i) = self.position(token) {
+            self.pending[i].done = true;
+        }
+    }
+
+    /// Acks (or withholds) the finished prefix, in receive order.
+    pub async fn ack_finished_prefix(&mut self) {
+        while self.pending.front().is_some_and(|p| p.done) {
+            let Some(p) = self.pending.pop_front() else {
+                break;
+            };
+            let r = &p.registration;
+            let key = (r.connection, r.publish.pkid);
+            if self.newest.get(&key) == Some(&r.token) {
+                self.newest.remove(&key);
+            }
+            if p.superseded {
+                self.counts.superseded += 1;
+                self.metrics[2].increment(1);
+                continue;
+            }
+            if self.ack_on_its_connection(&r.publish, r.connection).await {
+                self.counts.acked += 1;
+                self.metrics[0].increment(1);
+            } else {
+                self.counts.old_connection += 1;
+                self.metrics[1].increment(1);
+            }
+        }
+    }
+
+    /// Hands the ack to the client if `connection` is the live one; false
+    /// when it is not (the message belongs to a dead connection).
+    async fn ack_on_its_connection(&self, publish: &Publish, connection: ConnectionId) -> bool {
+        let give_up = tokio::time::Instant::now() + FULL_QUEUE_PATIENCE;
+        loop {
+            {
+                let live = self.live.lock();
+                if *live != Some(connection) {
+                    return false;
+                }
+                match self.client.try_ack(publish) {
+                    Ok(()) => return true,
+                    Err(ClientError::TryRequest(_) | ClientError::Request(_))
+                        if tokio::time::Instant::now() < give_up => {}
+                    Err(e) => {
+                        tracing::warn!(
+                            "ack of packet {} not sent ({e}); the broker will redeliver it",
+                            publish.pkid
+                        );
+                        return true;
+                    }
+                }
+            }
+            // The request queue is full: let the poll task drain it.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
