@@ -68,7 +68,17 @@ pub fn register_zero_series(shards: usize, gate: &'static str) {
         metrics::gauge!("geogate_gate_level", "shard" => label.clone()).increment(0.0);
         metrics::gauge!("geogate_queue_depth", "shard" => label).increment(0.0);
     }
+    for outcome in ["acked", "withheld_old_connection", "withheld_superseded"] {
+        metrics::counter!("geogate_mqtt_acks_total", "outcome" => outcome).increment(0);
+    }
+    for sink in ["dead_letter", "events"] {
+        metrics::counter!("geogate_sink_write_failures_total", "sink" => sink).increment(0);
+        // Healthy until a write fails: a sink nobody has written to yet is
+        // not broken.
+        metrics::gauge!("geogate_sink_healthy", "sink" => sink).set(1.0);
+    }
     metrics::gauge!("geogate_mqtt_connected").increment(0.0);
+    metrics::gauge!("geogate_mqtt_subscribed").increment(0.0);
     metrics::gauge!("geogate_events_in_queue").increment(0.0);
     metrics::gauge!("geogate_mqtt_unacked").increment(0.0);
 }
@@ -167,12 +177,32 @@ fn describe() {
     describe_counter!(
         "geogate_fixes_out_of_order_total",
         Unit::Count,
-        "Fixes older than the vehicle's last evaluated fix: evaluated, changed nothing."
+        "Fixes older than the vehicle's last applied fix: changed nothing (the out_of_order term of the accounting line)."
+    );
+    describe_gauge!(
+        "geogate_mqtt_subscribed",
+        Unit::Count,
+        "1 once a SUBACK has confirmed every filter on the current connection."
+    );
+    describe_counter!(
+        "geogate_mqtt_acks_total",
+        Unit::Count,
+        "Finished QoS 1 messages by outcome: acked on their own connection, or withheld (their connection is gone, or a later copy with the same packet id carries the ack)."
+    );
+    describe_gauge!(
+        "geogate_sink_healthy",
+        Unit::Count,
+        "0 while a sink's writes fail (its messages stay unacked and are retried), 1 otherwise."
+    );
+    describe_counter!(
+        "geogate_sink_write_failures_total",
+        Unit::Count,
+        "Failed write attempts per sink (dead_letter, events)."
     );
     describe_gauge!(
         "geogate_events_in_queue",
         Unit::Count,
-        "Admitted events not yet evaluated (the in_queue term of the accounting line)."
+        "Taken and not finished: the in_queue term of the accounting line."
     );
     describe_counter!(
         "geogate_fence_transitions_by_fence_total",

@@ -295,6 +295,74 @@ mod tests {
         assert_eq!(percentile(&[], 0.5), 0);
     }
 
+    /// A burst of pings far above the service rate: the queue fills, and
+    /// at a full queue an unpaced gate is never asked (a twin gate asked
+    /// only on the other gated events makes the same decisions); no shard
+    /// ever holds more than its capacity, shaper included.
+    #[test]
+    fn a_burst_that_fills_the_queue_spends_nothing_on_refusals_and_never_overfills() {
+        use crate::admission::{Decision, Gate, ShedCause};
+        let mut capture = Vec::new();
+        for i in 0..3000u64 {
+            let body = format!(
+                r#"{{"vehicle":"v{}","ts":{},"lat":1,"lon":1,"kind":"ping"}}"#,
+                i % 7,
+                1_750_000_000_000 + i
+            );
+            capture.push(CaptureRecord::new(
+                i * 50_000,
+                "fleet/v/telemetry",
+                body.as_bytes(),
+            ));
+        }
+        let settings = SimSettings {
+            shards: 2,
+            queue_capacity: 20,
+            watermark: 0.6,
+            service_rate: 500.0,
+        };
+        for spec in [
+            "token:rate=400,burst=30",
+            "leaky_meter:rate=400,burst=30",
+            "leaky_shaper:rate=400,burst=30",
+        ] {
+            let spec: GateSpec = spec.parse().unwrap();
+            let (report, steps) =
+                simulate_steps(&capture, &spec, &settings, &CodecSettings::default()).unwrap();
+            assert!(
+                steps.iter().all(|s| s.fill <= settings.queue_capacity),
+                "{spec:?}"
+            );
+            assert!(report.peak_fill <= 1.0, "{spec:?}: {report:?}");
+            if spec.kind == crate::admission::GateKind::LeakyShaper {
+                continue;
+            }
+            let full = steps
+                .iter()
+                .filter(|s| s.verdict == Verdict::Shed(ShedCause::QueueFull))
+                .count();
+            assert!(full > 100, "{spec:?}: the burst filled the queue ({full})");
+            let mut twins = [spec.build().unwrap(), spec.build().unwrap()];
+            for s in &steps {
+                if s.fill < 12 || s.verdict == Verdict::Shed(ShedCause::QueueFull) {
+                    continue;
+                }
+                let twin = match twins[s.shard].try_admit(s.handled_at, 1) {
+                    Decision::Admit { release_at } => Verdict::Release { at: release_at },
+                    Decision::Reject {
+                        retry_after,
+                        reason,
+                    } => Verdict::Shed(ShedCause::Gate {
+                        retry_after,
+                        reason,
+                    }),
+                };
+                assert_eq!(s.verdict, twin, "{spec:?}");
+                assert_eq!(s.gate_level, twins[s.shard].level(s.handled_at));
+            }
+        }
+    }
+
     #[test]
     fn a_burst_of_pings_is_shed_and_high_is_not() {
         let mut capture = Vec::new();

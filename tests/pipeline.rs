@@ -155,7 +155,7 @@ fn check_known_stream(broker_port: u16, embedded: bool, extra_mqtt: &str) {
         .expect("accounting line");
     assert!(line.ends_with("(balanced)"), "{line}");
     let expect = format!(
-        "accounting: received {} = invalid 8 + shed {shed} + evaluated {} + in_queue 0 (balanced)",
+        "accounting: received {} = invalid 8 + shed {shed} + evaluated {} + out_of_order 0 + in_queue 0 (balanced)",
         total as usize,
         total as usize - 8 - shed
     );

@@ -20,6 +20,8 @@ pub struct GeogateProcess {
     pub metrics_port: u16,
     child: Option<Child>,
     args: Vec<String>,
+    /// Run as this user id (a root test runner dropping privileges).
+    uid: Option<u32>,
 }
 
 /// Settings that vary between tests.
@@ -84,13 +86,24 @@ listen = "127.0.0.1:{metrics_port}"
     /// Like [`Self::start`] without waiting for a connection (for tests of
     /// refused connections).
     pub fn launch(dir: &Path, setup: &Setup) -> Self {
+        Self::launch_with(dir, setup, |config| config, None)
+    }
+
+    /// Like [`Self::launch`], with the config text edited by `edit` and the
+    /// process run as user `uid`.
+    pub fn launch_with(
+        dir: &Path,
+        setup: &Setup,
+        edit: impl FnOnce(String) -> String,
+        uid: Option<u32>,
+    ) -> Self {
         let metrics_port = free_port();
         if !dir.join("fences.geojson").exists() {
             std::fs::write(dir.join("fences.geojson"), FENCES_AB).expect("fences");
         }
         std::fs::write(
             dir.join("geogate.toml"),
-            Self::config(dir, setup, metrics_port),
+            edit(Self::config(dir, setup, metrics_port)),
         )
         .expect("config");
         let mut args = vec![
@@ -106,6 +119,7 @@ listen = "127.0.0.1:{metrics_port}"
             metrics_port,
             child: None,
             args,
+            uid,
         };
         p.spawn();
         p
@@ -117,12 +131,16 @@ listen = "127.0.0.1:{metrics_port}"
             .append(true)
             .open(self.dir.join("stderr.log"))
             .expect("log");
-        let child = Command::new(env!("CARGO_BIN_EXE_geogate"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_geogate"));
+        command
             .args(&self.args)
             .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn geogate");
+            .stderr(stderr);
+        if let Some(uid) = self.uid {
+            use std::os::unix::process::CommandExt;
+            command.uid(uid).gid(uid);
+        }
+        let child = command.spawn().expect("spawn geogate");
         self.child = Some(child);
     }
 
@@ -155,21 +173,37 @@ listen = "127.0.0.1:{metrics_port}"
         assert!(ok, "kill {sig} failed");
     }
 
+    /// SIGKILL, and wait for the process to be gone.
+    pub fn kill(&mut self) {
+        self.signal("-KILL");
+        let _ = self.child.take().expect("running").wait();
+    }
+
+    /// Starts the process again with the same config (after [`Self::kill`]
+    /// or [`Self::terminate`]), and waits for its subscription.
+    pub fn restart(&mut self) {
+        let before = std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default();
+        self.spawn();
+        self.wait_for_log("subscribed", before.matches("subscribed").count() + 1);
+    }
+
     pub fn sighup(&self) {
         self.signal("-HUP");
     }
 
     /// SIGKILL, then start again with the same config.
     pub fn kill_and_restart(&mut self) {
-        self.signal("-KILL");
-        let _ = self.child.take().expect("running").wait();
-        let before = std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default();
-        self.spawn();
-        self.wait_for_log("subscribed", before.matches("subscribed").count() + 1);
+        self.kill();
+        self.restart();
     }
 
     /// SIGTERM; returns (exit success, stdout).
     pub fn terminate(mut self) -> (bool, String) {
+        self.stop()
+    }
+
+    /// SIGTERM and wait, keeping the handle for [`Self::restart`].
+    pub fn stop(&mut self) -> (bool, String) {
         self.signal("-TERM");
         let mut child = self.child.take().expect("running");
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -196,6 +230,15 @@ listen = "127.0.0.1:{metrics_port}"
         scrape(self.metrics_port)
     }
 
+    /// One series by its exact text, e.g. `geogate_sink_healthy{sink="events"}`
+    /// (0 when absent).
+    pub fn series(&self, series: &str) -> f64 {
+        scrape_series(self.metrics_port)
+            .get(series)
+            .copied()
+            .unwrap_or(0.0)
+    }
+
     /// Waits (≤ `secs`) until `received` reaches `n` and all of it is done.
     pub fn wait_processed(&self, n: f64, secs: u64) {
         let deadline = Instant::now() + Duration::from_secs(secs);
@@ -204,7 +247,8 @@ listen = "127.0.0.1:{metrics_port}"
             let get = |k: &str| m.get(k).copied().unwrap_or(0.0);
             let done = get("geogate_events_invalid_total")
                 + get("geogate_events_shed_total")
-                + get("geogate_events_evaluated_total");
+                + get("geogate_events_evaluated_total")
+                + get("geogate_fixes_out_of_order_total");
             if get("geogate_events_received_total") >= n
                 && done >= get("geogate_events_received_total")
             {
@@ -231,6 +275,17 @@ impl Drop for GeogateProcess {
 /// Sums each `geogate_*` metric over its labels, from `/metrics` on `port`.
 pub fn scrape(port: u16) -> HashMap<String, f64> {
     let mut out = HashMap::new();
+    for (series, value) in scrape_series(port) {
+        let name = series.split('{').next().unwrap_or(&series).to_owned();
+        *out.entry(name).or_default() += value;
+    }
+    out
+}
+
+/// Every `geogate_*` series with its labels as Prometheus prints them
+/// (`name{label="value"}`), from `/metrics` on `port`.
+pub fn scrape_series(port: u16) -> HashMap<String, f64> {
+    let mut out = HashMap::new();
     let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
         return out;
     };
@@ -238,11 +293,9 @@ pub fn scrape(port: u16) -> HashMap<String, f64> {
     let mut body = String::new();
     let _ = s.read_to_string(&mut body);
     for line in body.lines().filter(|l| l.starts_with("geogate_")) {
-        let Some((name, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let name = name.split('{').next().unwrap_or(name).to_owned();
-        *out.entry(name).or_default() += value.parse::<f64>().unwrap_or(0.0);
+        if let Some((series, value)) = line.rsplit_once(' ') {
+            out.insert(series.to_owned(), value.parse::<f64>().unwrap_or(0.0));
+        }
     }
     out
 }

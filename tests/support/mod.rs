@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod geogate;
+pub mod proxy;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -89,7 +90,8 @@ impl Mosquitto {
         Self::start_with("persistence false\nmax_inflight_messages 0\n")
     }
 
-    fn start_with(extra: &str) -> Option<Self> {
+    /// Starts mosquitto with `extra` configuration lines.
+    pub fn start_with(extra: &str) -> Option<Self> {
         let binary = require("mosquitto (apt-get install mosquitto)", binary("mosquitto"))?;
         let port = free_port();
         let dir = tempfile::tempdir().expect("tempdir");

@@ -17,6 +17,11 @@
 //! connection fails the task marks it dead under that lock and then purges
 //! the client's request queue of acks (`EventLoop::clean` drops queued
 //! PubAcks), so nothing acks a dead connection's packet ids on the next.
+//! Publishes rumqttc had already read when the read failed stay in its
+//! event queue and would come out after the next CONNACK; the task takes
+//! them at the failure instead, as the dead connection's (found by the
+//! wire observer in `tests/mqtt_session.rs`: acks of old ids on a new
+//! session).
 //!
 //! **Subscribing is confirmed.** After every CONNACK (a kept session can
 //! still have lost its subscriptions) the task sends one SUBSCRIBE for all
@@ -121,6 +126,57 @@ impl Subscription {
     }
 }
 
+/// Hands publishes to the pipeline and registers them with the acker.
+struct Handoff {
+    intake: Option<mpsc::Sender<Envelope>>,
+    registrations: Option<mpsc::UnboundedSender<Registration>>,
+    accounting: Arc<Accounting>,
+    next_token: u64,
+    received: metrics::Counter,
+    left_for_redelivery: metrics::Counter,
+}
+
+impl Handoff {
+    /// Shutdown: later publishes are left unacked for redelivery, and
+    /// dropping both senders lets the router drain and the acker finish.
+    fn close(&mut self) {
+        self.intake = None;
+        self.registrations = None;
+    }
+
+    /// Takes one publish that arrived on `connection`.
+    async fn publish(&mut self, mut publish: rumqttc::Publish, connection: ConnectionId) {
+        let (Some(tx), Some(registrations)) = (&self.intake, &self.registrations) else {
+            self.left_for_redelivery.increment(1);
+            return;
+        };
+        self.accounting.received();
+        self.received.increment(1);
+        let token = (publish.qos != QoS::AtMostOnce).then(|| {
+            self.next_token += 1;
+            AckToken(self.next_token)
+        });
+        let item = Envelope {
+            token,
+            topic: std::mem::take(&mut publish.topic),
+            payload: std::mem::take(&mut publish.payload),
+            received_at: std::time::Instant::now(),
+        };
+        if let Some(token) = token {
+            let _ = registrations.send(Registration {
+                token,
+                connection,
+                publish,
+            });
+        }
+        if tx.send(item).await.is_err() {
+            // The router is gone (shutdown): never finished, never acked.
+            self.accounting.abandoned();
+            tracing::warn!("intake closed while a message was in hand");
+        }
+    }
+}
+
 /// What a poll came back with, or why the wait for it ended early.
 enum Wake {
     Polled(Result<Event, rumqttc::ConnectionError>),
@@ -141,26 +197,28 @@ pub async fn poll_loop(task: PollTask) {
         mut phase,
         accounting,
     } = task;
-    let mut intake = Some(intake);
-    let mut registrations = Some(registrations);
+    let mut handoff = Handoff {
+        intake: Some(intake),
+        registrations: Some(registrations),
+        accounting,
+        next_token: 0,
+        received: metrics::counter!("geogate_events_received_total"),
+        left_for_redelivery: metrics::counter!("geogate_mqtt_left_for_redelivery_total"),
+    };
     let mut backoff = Backoff::new();
     let mut connection: ConnectionId = 0;
     let mut connected = false;
     let mut subscription = Subscription::Idle;
     let mut requeue_failures = 0u64;
     let mut leaving_by: Option<Instant> = None;
-    let mut next_token = 0u64;
     // Metric handles resolved once, not per message.
-    let received = metrics::counter!("geogate_events_received_total");
-    let left_for_redelivery = metrics::counter!("geogate_mqtt_left_for_redelivery_total");
     let subscribed = metrics::gauge!("geogate_mqtt_subscribed");
     let connected_gauge = metrics::gauge!("geogate_mqtt_connected");
     loop {
         // Shutdown: stop taking messages, then leave once acks are flushed.
         let now_phase = *phase.borrow_and_update();
         if now_phase != Phase::Open {
-            intake = None;
-            registrations = None;
+            handoff.close();
         }
         if now_phase == Phase::AcksFlushed && leaving_by.is_none() {
             // Queued behind every ack, so the acks go out first.
@@ -180,8 +238,7 @@ pub async fn poll_loop(task: PollTask) {
                             leaving_by = Some(Instant::now() + DISCONNECT_GRACE);
                         }
                         if *phase.borrow() != Phase::Open {
-                            intake = None;
-                            registrations = None;
+                            handoff.close();
                         }
                     }
                     _ = sleep_until_some(leaving_by) => break Wake::GraceOver,
@@ -252,33 +309,8 @@ pub async fn poll_loop(task: PollTask) {
                     subscription = Subscription::Wanted(Instant::now() + REFUSED_RETRY);
                 }
             }
-            Ok(Event::Incoming(Packet::Publish(mut publish))) => {
-                let (Some(tx), Some(registrations)) = (&intake, &registrations) else {
-                    left_for_redelivery.increment(1);
-                    continue;
-                };
-                accounting.received();
-                received.increment(1);
-                let token = (publish.qos != QoS::AtMostOnce).then(|| {
-                    next_token += 1;
-                    AckToken(next_token)
-                });
-                let item = Envelope {
-                    token,
-                    topic: std::mem::take(&mut publish.topic),
-                    payload: std::mem::take(&mut publish.payload),
-                    received_at: std::time::Instant::now(),
-                };
-                if let Some(token) = token {
-                    let _ = registrations.send(Registration {
-                        token,
-                        connection,
-                        publish,
-                    });
-                }
-                if tx.send(item).await.is_err() {
-                    tracing::warn!("intake closed while a message was in hand");
-                }
+            Ok(Event::Incoming(Packet::Publish(publish))) => {
+                handoff.publish(publish, connection).await;
             }
             Ok(Event::Outgoing(Outgoing::Disconnect)) if leaving_by.is_some() => return,
             Ok(_) => {}
@@ -289,6 +321,16 @@ pub async fn poll_loop(task: PollTask) {
                 // Dead for the acker first, then purge the acks it queued.
                 *live.lock() = None;
                 eventloop.clean();
+                // A read can fail after it has already queued packets that
+                // came before the failure; rumqttc would hand them out after
+                // the next CONNACK, as if they came on the new connection.
+                // They belong to this one.
+                let buffered: Vec<Event> = eventloop.state.events.drain(..).collect();
+                for event in buffered {
+                    if let Event::Incoming(Packet::Publish(publish)) = event {
+                        handoff.publish(publish, connection).await;
+                    }
+                }
                 connected_gauge.set(0.0);
                 subscribed.set(0.0);
                 subscription = Subscription::Idle;
