@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use support::geogate::{GeogateProcess, Message, Setup, native, publish_all, read_ndjson};
-use support::proxy::{Finished, Proxy};
+use support::proxy::{Finished, Proxy, SubackTamper};
 
 const T0: i64 = 1_750_000_000_000;
 
@@ -274,4 +274,43 @@ fn acks_answer_only_their_own_connection() {
         .find(|l| l.starts_with("accounting:"))
         .expect("accounting line");
     assert!(line.contains("+ out_of_order 0 +"), "{line}");
+}
+
+#[test]
+fn a_subscription_is_asked_again_until_a_suback_confirms_it() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    // The first SUBACK never arrives; the second refuses every filter.
+    let proxy = Proxy::tampering_subacks(broker.port, &[SubackTamper::Drop, SubackTamper::Refuse]);
+    let dir = tempfile::tempdir().unwrap();
+    let geogate = GeogateProcess::launch(dir.path(), &setup(proxy.port, "suback", ""));
+    geogate.wait_for_log("connected to broker", 1);
+    assert_eq!(metric(&geogate, "geogate_mqtt_connected"), 1.0);
+    assert_eq!(
+        metric(&geogate, "geogate_mqtt_subscribed"),
+        0.0,
+        "connected is not subscribed: {}",
+        std::fs::read_to_string(dir.path().join("stderr.log")).unwrap_or_default()
+    );
+    geogate.wait_for_log("no SUBACK within", 1);
+    geogate.wait_for_log(
+        "refused the subscription to [\"fleet/+/telemetry\", \"owntracks/+/+\"]",
+        1,
+    );
+    assert_eq!(metric(&geogate, "geogate_mqtt_subscribed"), 0.0);
+    geogate.wait_for_log("subscribed to", 1);
+    assert_eq!(metric(&geogate, "geogate_mqtt_subscribed"), 1.0);
+    // And it hears what it subscribed to.
+    let stream = crossing_fixes("q", 2, 0, 10);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(publish_all(broker.port, &stream, None));
+    geogate.wait_processed(10.0, 20);
+    let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
+    assert_eq!(
+        log.matches("connected to broker").count(),
+        1,
+        "no reconnect needed: {log}"
+    );
 }

@@ -207,7 +207,7 @@ fn dashboard_and_alerts_work_against_a_real_prometheus() {
         assert!(series > 0, "panel {title:?} returns no series: {expr}");
     }
     let alerts = alert_exprs();
-    assert_eq!(alerts.len(), 6);
+    assert_eq!(alerts.len(), 9);
     for expr in alerts {
         let v = query(prometheus.port, &expr);
         assert_eq!(v["status"], "success", "alert {expr}: {v}");

@@ -213,3 +213,66 @@ fn tls_with_password_and_client_certificate() {
         "names the certificate problem: {log}"
     );
 }
+
+/// TLS over a link with 150 ms each way (300 ms round trip): the handshake
+/// alone takes several round trips, and the connect must not be cut short
+/// (geogate used to give `poll` 100 ms and start again from zero, forever).
+#[test]
+fn tls_connects_and_evaluates_over_a_300_ms_round_trip() {
+    let certs = tempfile::tempdir().unwrap();
+    let pki = new_pki("geogate slow-link CA");
+    let Some(broker) = start_broker(certs.path(), &pki) else {
+        return;
+    };
+    let proxy = support::proxy::Proxy::start(broker.port, Duration::from_millis(150));
+    let dir = tempfile::tempdir().unwrap();
+    let extra = tls_section(dir.path(), &pki, "s3cret-pa55");
+    let geogate = GeogateProcess::start(dir.path(), &setup(proxy.port, &extra, "tls-slow"));
+    // Ten fixes of one vehicle, alternating between fences A and B.
+    let lines: String = (0..10)
+        .map(|k| {
+            format!(
+                "{{\"vehicle\":\"t2\",\"ts\":{},\"lat\":50.005,\"lon\":{},\"speed_kmh\":20}}\n",
+                1_750_000_000_000i64 + 1000 * k,
+                if k % 2 == 0 { 10.005 } else { 10.025 }
+            )
+        })
+        .collect();
+    let Some(pub_tool) = support::binary("mosquitto_pub") else {
+        panic!("mosquitto_pub is needed next to mosquitto (package mosquitto-clients)");
+    };
+    let mut child = Command::new(pub_tool)
+        .args(["-h", "127.0.0.1", "-p", &broker.port.to_string(), "-q", "1"])
+        .args(["-u", "geogate", "-P", "s3cret-pa55"])
+        .args(["--cafile", &format!("{}/ca.pem", certs.path().display())])
+        .args([
+            "--cert",
+            &format!("{}/client.pem", dir.path().display()),
+            "--key",
+            &format!("{}/client.key", dir.path().display()),
+        ])
+        .args(["-t", "fleet/t2/telemetry", "-l"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(lines.as_bytes())
+            .unwrap();
+    }
+    assert!(child.wait().unwrap().success(), "mosquitto_pub over TLS");
+    geogate.wait_processed(10.0, 30);
+    let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
+    assert_eq!(log.matches("connected to broker").count(), 1, "{log}");
+    let (ok, stdout) = geogate.terminate();
+    assert!(ok && stdout.contains("(balanced)"), "{stdout}");
+    let enters = read_ndjson(&dir.path().join("events.ndjson"))
+        .iter()
+        .filter(|e| e["event"] == "enter")
+        .count();
+    assert_eq!(enters, 10);
+}

@@ -37,10 +37,20 @@ struct Observer {
     report: AckReport,
 }
 
+/// What the proxy does to the broker's next SUBACKs, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubackTamper {
+    /// Swallow it: the client never hears back.
+    Drop,
+    /// Turn every return code into 0x80 (failure), as a refusing ACL would.
+    Refuse,
+}
+
 struct Shared {
     upstream: u16,
     delay: Duration,
     observer: Option<Mutex<Observer>>,
+    subacks: Mutex<std::collections::VecDeque<SubackTamper>>,
     open: Mutex<Vec<TcpStream>>,
     stopped: AtomicBool,
 }
@@ -66,6 +76,14 @@ impl Proxy {
         Self::spawn(upstream, Duration::ZERO, Some(Mutex::new(observer)))
     }
 
+    /// Like [`Self::start`] with no delay, tampering with the broker's
+    /// first SUBACKs as `tampers` says.
+    pub fn tampering_subacks(upstream: u16, tampers: &[SubackTamper]) -> Self {
+        let proxy = Self::spawn(upstream, Duration::ZERO, None);
+        proxy.shared.subacks.lock().unwrap().extend(tampers);
+        proxy
+    }
+
     fn spawn(upstream: u16, delay: Duration, observer: Option<Mutex<Observer>>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
         let port = listener.local_addr().expect("addr").port();
@@ -73,6 +91,7 @@ impl Proxy {
             upstream,
             delay,
             observer,
+            subacks: Mutex::new(Default::default()),
             open: Mutex::new(Vec::new()),
             stopped: AtomicBool::new(false),
         });
@@ -148,18 +167,39 @@ fn pipe(shared: &Arc<Shared>, conn: usize, mut from: TcpStream, mut to: TcpStrea
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 64 * 1024];
         let mut parser = Parser::default();
+        // Parsed only when something looks inside; otherwise raw bytes.
+        let parse = reader_shared.observer.is_some()
+            || (dir == Direction::ToClient && !reader_shared.subacks.lock().unwrap().is_empty());
         loop {
             let n = match from.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
-            if let Some(o) = &reader_shared.observer {
-                for packet in parser.feed(&buf[..n]) {
-                    observe(&mut o.lock().unwrap(), conn, dir, &packet);
+            let bytes = if parse {
+                let mut out = Vec::with_capacity(n);
+                for mut packet in parser.feed(&buf[..n]) {
+                    if let Some(o) = &reader_shared.observer {
+                        observe(&mut o.lock().unwrap(), conn, dir, &packet);
+                    }
+                    if dir == Direction::ToClient && packet.first >> 4 == 9 {
+                        match reader_shared.subacks.lock().unwrap().pop_front() {
+                            Some(SubackTamper::Drop) => continue,
+                            Some(SubackTamper::Refuse) => {
+                                for code in packet.body.iter_mut().skip(2) {
+                                    *code = 0x80;
+                                }
+                            }
+                            None => {}
+                        }
+                    }
+                    packet.encode(&mut out);
                 }
-            }
+                out
+            } else {
+                buf[..n].to_vec()
+            };
             if tx
-                .send((Instant::now() + reader_shared.delay, buf[..n].to_vec()))
+                .send((Instant::now() + reader_shared.delay, bytes))
                 .is_err()
             {
                 break;
@@ -185,6 +225,25 @@ fn pipe(shared: &Arc<Shared>, conn: usize, mut from: TcpStream, mut to: TcpStrea
 struct Packet {
     first: u8,
     body: Vec<u8>,
+}
+
+impl Packet {
+    fn encode(&self, out: &mut Vec<u8>) {
+        out.push(self.first);
+        let mut len = self.body.len();
+        loop {
+            let mut byte = (len % 128) as u8;
+            len /= 128;
+            if len > 0 {
+                byte |= 0x80;
+            }
+            out.push(byte);
+            if len == 0 {
+                break;
+            }
+        }
+        out.extend_from_slice(&self.body);
+    }
 }
 
 /// Splits a byte stream into MQTT packets (fixed header + remaining length).
