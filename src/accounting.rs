@@ -28,8 +28,10 @@ struct RouterCounts {
     invalid: [AtomicU64; Reason::ALL.len()],
     shed: AtomicU64,
     admitted: AtomicU64,
-    /// Refused, but the dead letter could not take the record before
-    /// shutdown: left unacked, so still "in queue" for the balance.
+    /// Taken but never finished at shutdown: a refusal whose dead-letter
+    /// record could not be written before the drain deadline, or a message
+    /// in the poll task's hand when intake closed. Left unacked, so still
+    /// "in queue" for the balance.
     abandoned: AtomicU64,
 }
 
@@ -111,8 +113,8 @@ impl Accounting {
         self.workers.0.out_of_order.fetch_add(1, Relaxed);
     }
 
-    /// A refusal whose dead-letter record could not be written before
-    /// shutdown: it stays unacked and counts as in queue.
+    /// A message taken and never finished (see the field): it stays
+    /// unacked and counts as in queue.
     pub fn abandoned(&self) {
         self.router.0.abandoned.fetch_add(1, Relaxed);
     }

@@ -19,7 +19,8 @@ fn every_problem_is_reported_with_its_field() {
         .replace("# watermark = 0.6", "watermark = 1.5")
         .replace("# listen = \"127.0.0.1:9464\"", "listen = \"nowhere\"")
         .replace("# dwell_s = 0 ", "dwell_s = -1 ")
-        .replace("# subscribe_qos = 1 ", "subscribe_qos = 2 ");
+        .replace("# subscribe_qos = 1 ", "subscribe_qos = 2 ")
+        .replace("# connect_timeout_s = 10 ", "connect_timeout_s = 0 ");
     let Err(ConfigError::Invalid(problems)) = Config::parse(&text) else {
         panic!("expected an invalid config");
     };
@@ -31,6 +32,7 @@ fn every_problem_is_reported_with_its_field() {
         "fences.dwell_s",
         "metrics.listen",
         "mqtt.subscribe_qos",
+        "mqtt.connect_timeout_s",
     ] {
         assert!(
             fields.contains(&expected),

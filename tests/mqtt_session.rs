@@ -164,6 +164,16 @@ fn a_connect_that_cannot_finish_is_logged_with_the_broker_and_retried() {
     assert!(!log.contains("connected to broker"), "{log}");
     assert!(metric(&geogate, "geogate_mqtt_reconnects_total") >= 2.0);
     assert_eq!(metric(&geogate, "geogate_mqtt_connected"), 0.0);
+    drop(geogate);
+
+    // The same link with a budget that fits: connected and subscribed.
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = setup(proxy.port, "slow-enough", "");
+    s.extra_mqtt = "connect_timeout_s = 5";
+    let geogate = GeogateProcess::start(dir.path(), &s);
+    assert_eq!(metric(&geogate, "geogate_mqtt_subscribed"), 1.0);
+    let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
+    assert!(!log.contains("cannot connect"), "{log}");
 }
 
 #[test]

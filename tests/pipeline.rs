@@ -53,7 +53,7 @@ fn known_stream() -> (Vec<Message>, Vec<Message>) {
             r#"{"vehicle":"x","ts":1750000000000,"lat":50,"lon":200}"#,
         ),
         ("fleet/x/telemetry", r#"{"vehicle":"x","lat":50,"lon":10}"#),
-        ("fleet/x/telemetry", r#"{"lat":50,"lon":10}"#),
+        ("fleet/x/telemetry", "[50, 10]"),
     ];
     rest.extend(
         bad.iter()
@@ -320,5 +320,54 @@ fn sighup_swaps_fences_from_that_point_on() {
         over_mqtt,
         read_ndjson(&dir.path().join("events.ndjson")),
         "MQTT carries the same transitions"
+    );
+}
+
+/// Fixes that arrive older than their vehicle's last applied fix change
+/// nothing, and the accounting line says so in a term of its own instead of
+/// counting them as evaluated.
+#[test]
+fn out_of_order_fixes_have_their_own_term() {
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let setup = Setup {
+        broker_port: broker.port,
+        embedded: false,
+        client_id: "geogate-order",
+        extra_pipeline: "",
+        gate: "kind = \"token\"\nrate = 1000\nburst = 100",
+        events_mqtt: false,
+        extra_mqtt: "",
+    };
+    let geogate = GeogateProcess::start(dir.path(), &setup);
+    // One vehicle, newest fix first: the first is applied (an enter into
+    // A), the four older ones (in B, then A...) change nothing.
+    let stream: Vec<Message> = (0..5i64)
+        .map(|k| {
+            let lon = if k % 2 == 0 { 10.005 } else { 10.025 };
+            native("late", T0 + 1000 * (5 - k), 50.005, lon, 40.0, "move")
+        })
+        .collect();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(publish_all(broker.port, &stream, None));
+    geogate.wait_processed(5.0, 20);
+    assert_eq!(geogate.metrics()["geogate_fixes_out_of_order_total"], 4.0);
+    let (ok, stdout) = geogate.terminate();
+    assert!(ok, "{stdout}");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("accounting:"))
+        .expect("line");
+    assert_eq!(
+        line,
+        "accounting: received 5 = invalid 0 + shed 0 + evaluated 1 + out_of_order 4 + in_queue 0 (balanced)"
+    );
+    let events = read_ndjson(&dir.path().join("events.ndjson"));
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(
+        (events[0]["event"].as_str(), events[0]["fence"].as_str()),
+        (Some("enter"), Some("A"))
     );
 }

@@ -2,10 +2,12 @@
 //!
 //! Bytes handed to it are written in full or stay queued: a short write
 //! (ENOSPC part-way through a record) resumes where it stopped, so a retry
-//! never duplicates or tears a record. After a failure the file is opened
-//! again by path on the next attempt, so a sink pointed at a path that is
-//! fixed while geogate runs (a freed disk, a directory made writable, a
-//! symlink re-pointed) recovers without a restart.
+//! never duplicates a record. After a failure the file is opened again by
+//! path on the next attempt, so a sink pointed at a path that is fixed
+//! while geogate runs (a freed disk, a directory made writable) recovers
+//! without a restart. (If the path is re-pointed to another file between a
+//! short write and its retry, the record's two halves land in the two
+//! files; readers skip a torn line.)
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};

@@ -79,8 +79,10 @@ pub struct DeadLetterSink {
     /// The record being written, until it is queued behind a successful
     /// rotation check (a failed rotation keeps it here for the retry).
     pending: Option<Vec<u8>>,
-    /// A record is in the file but not yet synced as the policy asks.
-    unsynced: bool,
+    /// The last record, written but not yet synced as the policy asks.
+    /// After a failed fsync the descriptor is dropped and its dirty pages
+    /// may be gone, so the record is written again before the next fsync.
+    unsynced: Option<Vec<u8>>,
 }
 
 impl DeadLetterSink {
@@ -110,7 +112,7 @@ impl DeadLetterSink {
             rotate_bytes,
             fsync,
             pending: None,
-            unsynced: false,
+            unsynced: None,
         };
         Ok((sink, recovery))
     }
@@ -140,15 +142,20 @@ impl DeadLetterSink {
                 self.file.rotate(&rotated_path(self.file.path()))?;
             }
             self.file.queue(line);
-            self.pending = None;
-            self.unsynced = true;
+            self.unsynced = self.pending.take();
         }
         // One write call per record: a crash tears at most this line.
         self.file.write_unwritten()?;
-        if self.unsynced && self.fsync == FsyncPolicy::Always {
-            self.file.sync_data()?;
+        if let Some(line) = &self.unsynced
+            && self.fsync == FsyncPolicy::Always
+            && let Err(e) = self.file.sync_data()
+        {
+            // Written is not durable: write it again, then sync again (a
+            // copy may survive twice; a record is never acked unsynced).
+            self.file.queue(line);
+            return Err(e);
         }
-        self.unsynced = false;
+        self.unsynced = None;
         Ok(())
     }
 
@@ -156,7 +163,7 @@ impl DeadLetterSink {
     pub fn discard_unwritten(&mut self) {
         self.pending = None;
         self.file.discard_unwritten();
-        self.unsynced = false;
+        self.unsynced = None;
     }
 
     /// Flushes to stable storage (shutdown).

@@ -77,13 +77,11 @@ pub struct Acker {
     /// The newest pending token per (connection, packet id).
     newest: HashMap<(ConnectionId, u16), AckToken>,
     counts: AckCounts,
-    metrics: [metrics::Counter; 3],
+    acked: metrics::Counter,
+    withheld_old_connection: metrics::Counter,
+    withheld_superseded: metrics::Counter,
     unacked: metrics::Gauge,
 }
-
-/// Longest the acker waits for room in a full client request queue before
-/// it gives an ack up (the broker then redelivers the message).
-const FULL_QUEUE_PATIENCE: Duration = Duration::from_secs(5);
 
 impl Acker {
     pub fn new(client: AsyncClient, live: Arc<LiveConnection>) -> Self {
@@ -95,11 +93,9 @@ impl Acker {
             pending: VecDeque::new(),
             newest: HashMap::new(),
             counts: AckCounts::default(),
-            metrics: [
-                outcome("acked"),
-                outcome("withheld_old_connection"),
-                outcome("withheld_superseded"),
-            ],
+            acked: outcome("acked"),
+            withheld_old_connection: outcome("withheld_old_connection"),
+            withheld_superseded: outcome("withheld_superseded"),
             unacked: metrics::gauge!("geogate_mqtt_unacked"),
         }
     }
@@ -185,23 +181,27 @@ impl Acker {
             }
             if p.superseded {
                 self.counts.superseded += 1;
-                self.metrics[2].increment(1);
+                self.withheld_superseded.increment(1);
                 continue;
             }
             if self.ack_on_its_connection(&r.publish, r.connection).await {
                 self.counts.acked += 1;
-                self.metrics[0].increment(1);
+                self.acked.increment(1);
             } else {
                 self.counts.old_connection += 1;
-                self.metrics[1].increment(1);
+                self.withheld_old_connection.increment(1);
             }
         }
     }
 
     /// Hands the ack to the client if `connection` is the live one; false
-    /// when it is not (the message belongs to a dead connection).
+    /// when it is not (the message belongs to a dead connection). While the
+    /// connection lives it waits for room in the client's request queue
+    /// rather than give an ack up: a message neither acked nor redelivered
+    /// would hold one of the broker's inflight slots until the next
+    /// reconnect. The poll task drains that queue and never waits on the
+    /// acker, so the wait ends.
     async fn ack_on_its_connection(&self, publish: &Publish, connection: ConnectionId) -> bool {
-        let give_up = tokio::time::Instant::now() + FULL_QUEUE_PATIENCE;
         loop {
             {
                 let live = self.live.lock();
@@ -210,18 +210,11 @@ impl Acker {
                 }
                 match self.client.try_ack(publish) {
                     Ok(()) => return true,
-                    Err(ClientError::TryRequest(_) | ClientError::Request(_))
-                        if tokio::time::Instant::now() < give_up => {}
-                    Err(e) => {
-                        tracing::warn!(
-                            "ack of packet {} not sent ({e}); the broker will redeliver it",
-                            publish.pkid
-                        );
-                        return true;
-                    }
+                    // Full, or the event loop is gone (shutdown): a closed
+                    // queue is marked dead by the poll task before it goes.
+                    Err(ClientError::TryRequest(_) | ClientError::Request(_)) => {}
                 }
             }
-            // The request queue is full: let the poll task drain it.
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }

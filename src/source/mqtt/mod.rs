@@ -7,7 +7,8 @@
 //! finished once it is evaluated, or durably written to the dead letter.
 //! The acker acks the finished prefix in receive order, and only on the
 //! message's own connection (see [`acker`] for why), so a crash leaves
-//! exactly the unfinished messages unacked and the broker redelivers them.
+//! every unfinished message unacked (with, at most, finished ones queued
+//! behind them) and the broker redelivers them.
 //!
 //! **Backpressure without deadlock.** The poll task is the only task that
 //! drives the connection, so it must never wait on something that waits on
@@ -15,8 +16,9 @@
 //! full it waits, which stops reading the socket, so TCP and the broker's
 //! inflight window (unacked messages) push back on the publishers. Nothing
 //! downstream of intake needs the poll task to make progress: workers finish
-//! without it, and acks queue in the client's request channel (sized to hold
-//! `max_unacked` of them) until polling resumes. Outgoing transitions use a
+//! without it, and acks queue in the client's request channel until polling
+//! resumes (the acker waits for room there; the poll task never waits on
+//! the acker). Outgoing transitions use a
 //! separate connection for the same reason.
 //!
 //! **Connecting and reconnecting** are in [`poll`].

@@ -197,6 +197,8 @@ pub async fn poll_loop(task: PollTask) {
         mut phase,
         accounting,
     } = task;
+    // However the task ends, no connection is live for the acker after it.
+    let _dead_when_gone = MarkDeadOnDrop(live.clone());
     let mut handoff = Handoff {
         intake: Some(intake),
         registrations: Some(registrations),
@@ -289,11 +291,17 @@ pub async fn poll_loop(task: PollTask) {
                 if !ours {
                     continue;
                 }
-                let refused: Vec<&str> = ack
-                    .return_codes
+                // A filter is confirmed only at the QoS asked for: a QoS 0
+                // grant for a QoS 1 filter would silently turn off acks and
+                // redelivery. A SUBACK with too few codes confirms nothing
+                // it leaves out.
+                let refused: Vec<&str> = filters
                     .iter()
-                    .zip(&filters)
-                    .filter(|(code, _)| matches!(code, rumqttc::SubscribeReasonCode::Failure))
+                    .enumerate()
+                    .filter(|(i, f)| {
+                        !matches!(ack.return_codes.get(*i),
+                            Some(rumqttc::SubscribeReasonCode::Success(granted)) if *granted as u8 >= f.qos as u8)
+                    })
                     .map(|(_, f)| f.path.as_str())
                     .collect();
                 if refused.is_empty() {
@@ -304,7 +312,7 @@ pub async fn poll_loop(task: PollTask) {
                 } else {
                     subscribed.set(0.0);
                     tracing::error!(
-                        "the broker at {broker} refused the subscription to {refused:?}: check its ACL for mqtt.topics; asking again in {REFUSED_RETRY:?}"
+                        "the broker at {broker} refused the subscription to {refused:?} (or granted a lower QoS): check its ACL for mqtt.topics; asking again in {REFUSED_RETRY:?}"
                     );
                     subscription = Subscription::Wanted(Instant::now() + REFUSED_RETRY);
                 }
@@ -355,11 +363,24 @@ pub async fn poll_loop(task: PollTask) {
                             if changed.is_err() || *phase.borrow() == Phase::AcksFlushed {
                                 return;
                             }
+                            // Closing while the broker is away: let the
+                            // router and the acker finish now.
+                            handoff.close();
                         }
                     }
                 }
             }
         }
+    }
+}
+
+/// Clears [`LiveConnection`] when the poll task ends, so an acker waiting
+/// for room in a queue nobody drains any more gives up.
+struct MarkDeadOnDrop(Arc<LiveConnection>);
+
+impl Drop for MarkDeadOnDrop {
+    fn drop(&mut self) {
+        *self.0.lock() = None;
     }
 }
 
