@@ -19,9 +19,13 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-pub fn demo(config_path: PathBuf) -> Result<ExitCode> {
-    let config =
-        Config::load(&config_path).with_context(|| format!("loading {}", config_path.display()))?;
+/// `geogate demo`: the bundled config and files unless `--config` names a
+/// config of one's own.
+pub fn demo(config_path: Option<PathBuf>) -> Result<ExitCode> {
+    let config = match config_path {
+        Some(path) => Config::load(&path).with_context(|| format!("loading {}", path.display()))?,
+        None => geogate::demo::bundled().context("preparing the bundled demo")?,
+    };
     let outcome = runtime()?.block_on(geogate::demo::run(config, |line| println!("{line}")))?;
     println!("{}", outcome.balance.line());
     println!("report: {}", outcome.report.display());

@@ -1,8 +1,10 @@
 //! `geogate demo`: the whole product in one command, with nothing to
-//! install. Starts the embedded broker, runs the pipeline with
-//! `config/geogate.toml` (plus its `[demo]` overrides), replays the bundled
-//! shift-change capture, shows live progress, then prints the accounting
-//! line and writes an HTML report.
+//! install and no files beside the binary. Starts the embedded broker, runs
+//! the pipeline with the default config (plus its `[demo]` overrides),
+//! replays the shift-change capture, shows live progress, then prints the
+//! accounting line and writes an HTML report to `./geogate-report/`. The
+//! config, the demo fences and the capture are compiled in ([`bundled`]);
+//! `--config` points the demo at files of one's own instead.
 
 use crate::accounting::Balance;
 use crate::capture;
@@ -24,6 +26,26 @@ pub enum DemoError {
     Replay(#[from] crate::replay::ReplayError),
     #[error("report: {0}")]
     Report(#[from] std::io::Error),
+}
+
+/// `config/geogate.toml`, compiled in: the demo's settings, and what
+/// `geogate config example` prints.
+pub const BUNDLED_CONFIG: &str = include_str!("../config/geogate.toml");
+const BUNDLED_FENCES: &str = include_str!("../config/fences.geojson");
+const BUNDLED_CAPTURE: &[u8] = include_bytes!("../replay/shift-change.ndjson.gz");
+
+/// The compiled-in config, with the demo fences and capture written into
+/// its report directory (relative to the working directory) and its paths
+/// pointing there, so the demo runs from anywhere.
+pub fn bundled() -> Result<Config, DemoError> {
+    let mut config = Config::parse(BUNDLED_CONFIG).map_err(|e| DemoError::Setup(e.to_string()))?;
+    let dir = config.demo.report_dir.clone();
+    std::fs::create_dir_all(&dir)?;
+    config.fences.path = dir.join("fences.geojson");
+    std::fs::write(&config.fences.path, BUNDLED_FENCES)?;
+    config.demo.capture = dir.join("shift-change.ndjson.gz");
+    std::fs::write(&config.demo.capture, BUNDLED_CAPTURE)?;
+    Ok(config)
 }
 
 /// One per-second sample of the running pipeline.

@@ -4,7 +4,9 @@
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use geogate::eval::evaluate_positions;
-use geogate::geofence::{EvaluatorSettings, FenceIndex, load_fences, summarize};
+use geogate::geofence::{
+    EvaluatorSettings, FenceIndex, load_fences, load_fences_with_warnings, summarize,
+};
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Write};
 use std::path::PathBuf;
@@ -37,8 +39,9 @@ enum Command {
     Fences(FencesCommand),
     /// Run the live pipeline: MQTT in, admission, geofences, events out.
     Run {
-        #[arg(long, default_value = "config/geogate.toml")]
-        config: PathBuf,
+        /// The config file (`geogate config example` prints a commented one).
+        #[arg(long)]
+        config: Option<PathBuf>,
         /// Start the embedded broker (rumqttd) on 127.0.0.1 and use it.
         #[arg(long)]
         embedded_broker: bool,
@@ -46,8 +49,10 @@ enum Command {
     /// The whole product in one command: embedded broker, pipeline, the
     /// bundled shift-change capture, live progress and an HTML report.
     Demo {
-        #[arg(long, default_value = "config/geogate.toml")]
-        config: PathBuf,
+        /// A config of one's own; by default the bundled one, with the demo
+        /// fences and capture, so nothing is needed beside the binary.
+        #[arg(long)]
+        config: Option<PathBuf>,
     },
     /// Record messages from a broker into a capture file.
     Record {
@@ -210,6 +215,8 @@ enum ConfigCommand {
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
     },
+    /// Print the example config, every field shown with its default.
+    Example,
 }
 
 #[derive(Subcommand)]
@@ -272,6 +279,10 @@ fn main() -> Result<ExitCode> {
             format,
         }) => commands::lab_trace(gate, trace, format),
         Command::Config(ConfigCommand::Check { file, format }) => config_check(file, format),
+        Command::Config(ConfigCommand::Example) => {
+            print!("{}", geogate::demo::BUNDLED_CONFIG);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Eval {
             fences,
             input,
@@ -299,13 +310,15 @@ fn print_json(value: &impl serde::Serialize) -> Result<()> {
 }
 
 fn fences_check(file: PathBuf, format: Format) -> Result<ExitCode> {
-    match load_fences(&file) {
-        Ok(fences) => {
-            let summary = summarize(&fences);
+    match load_fences_with_warnings(&file) {
+        Ok(loaded) => {
+            let summary = summarize(&loaded.fences);
             match format {
-                Format::Json => {
-                    print_json(&serde_json::json!({ "valid": true, "summary": summary }))?
-                }
+                Format::Json => print_json(&serde_json::json!({
+                    "valid": true,
+                    "summary": summary,
+                    "warnings": loaded.warnings,
+                }))?,
                 Format::Text => {
                     println!(
                         "{}: {} fences ({} polygons, {} circles), {} vertices",
@@ -318,6 +331,9 @@ fn fences_check(file: PathBuf, format: Format) -> Result<ExitCode> {
                     match summary.bbox {
                         Some([a, b, c, d]) => println!("bounding box: lon {a}..{c}, lat {b}..{d}"),
                         None => println!("bounding box: none (no fences)"),
+                    }
+                    for w in &loaded.warnings {
+                        println!("warning: {w}");
                     }
                 }
             }
@@ -335,8 +351,14 @@ fn fences_check(file: PathBuf, format: Format) -> Result<ExitCode> {
     }
 }
 
-fn run(config_path: PathBuf, embedded_broker: bool) -> Result<ExitCode> {
+fn run(config_path: Option<PathBuf>, embedded_broker: bool) -> Result<ExitCode> {
     use geogate::config::Config;
+    let Some(config_path) = config_path else {
+        eprintln!(
+            "geogate run needs a config: `geogate config example > geogate.toml` writes a commented one to edit (broker, topics, fences), then `geogate run --config geogate.toml`; or try `geogate demo`, which needs nothing"
+        );
+        return Ok(ExitCode::from(2));
+    };
     use tracing_subscriber::prelude::*;
     // geogate at info; the embedded broker and MQTT client only when amiss.
     let filter = tracing_subscriber::filter::Targets::new()

@@ -110,3 +110,60 @@ fn eval_writes_transitions_skips_bad_lines_and_is_deterministic() {
         "byte-identical on a rerun"
     );
 }
+
+#[test]
+fn fences_check_warns_about_clamped_float_noise_and_accepts_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let noisy = dir.path().join("noisy.geojson");
+    std::fs::write(
+        &noisy,
+        r#"{"type":"FeatureCollection","features":[
+        {"type":"Feature","id":"east","properties":{},"geometry":{"type":"Polygon","coordinates":
+          [[[170,60],[180.00000000000006,60],[180.00000000000006,70],[170,70],[170,60]]]}}]}"#,
+    )
+    .unwrap();
+    let out = geogate(&["fences", "check", noisy.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout
+            .matches("warning: feature 0 (id \"east\"): exterior ring position")
+            .count(),
+        2,
+        "{stdout}"
+    );
+    let json = geogate(&[
+        "fences",
+        "check",
+        noisy.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v["valid"], true);
+    assert_eq!(v["warnings"].as_array().map(Vec::len), Some(2));
+}
+
+#[test]
+fn run_without_a_config_says_how_to_start_and_the_example_is_valid() {
+    let out = geogate(&["run"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(
+        stderr.contains("geogate config example") && stderr.contains("geogate demo"),
+        "{stderr}"
+    );
+    let example = geogate(&["config", "example"]);
+    assert!(example.status.success());
+    let text = String::from_utf8(example.stdout).unwrap();
+    assert_eq!(
+        text,
+        std::fs::read_to_string("config/geogate.toml").unwrap()
+    );
+    assert!(geogate::config::Config::parse(&text).is_ok());
+}

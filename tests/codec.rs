@@ -154,6 +154,16 @@ fn every_bad_input_gets_its_reason() {
         (
             "fleet/v/telemetry",
             br#"{"lat":1,"lon":1}"#.to_vec(),
+            Reason::MissingField,
+        ),
+        (
+            "fleet//telemetry",
+            br#"{"ts":1700000000000,"lat":1,"lon":1}"#.to_vec(),
+            Reason::MissingField,
+        ),
+        (
+            "fleet/v/telemetry",
+            br#"{"foo":1}"#.to_vec(),
             Reason::UnknownFormat,
         ),
         (
@@ -164,6 +174,18 @@ fn every_bad_input_gets_its_reason() {
         (
             "fleet/v/telemetry",
             b"[1,2,3]".to_vec(),
+            Reason::UnknownFormat,
+        ),
+        ("fleet/v/telemetry", b"42".to_vec(), Reason::UnknownFormat),
+        (
+            "fleet/v/telemetry",
+            b"\"hello\"".to_vec(),
+            Reason::UnknownFormat,
+        ),
+        ("fleet/v/telemetry", b"null".to_vec(), Reason::UnknownFormat),
+        (
+            "fleet/v/telemetry",
+            b"{\"lat\":1".to_vec(),
             Reason::MalformedJson,
         ),
         (
@@ -174,6 +196,13 @@ fn every_bad_input_gets_its_reason() {
     ];
     for (topic, payload, reason) in cases {
         let err = decode(topic, &payload, &s).expect_err(&String::from_utf8_lossy(&payload));
+        if reason == Reason::MissingField && topic.contains("//") {
+            assert!(
+                err.detail.starts_with("vehicle:"),
+                "names the vehicle: {}",
+                err.detail
+            );
+        }
         assert_eq!(
             err.reason,
             reason,
@@ -196,4 +225,62 @@ fn redeliveries_are_recognised() {
     .unwrap();
     assert!(dedup.first_sighting(&t.vehicle, t.fix_time_ms));
     assert!(!dedup.first_sighting(&t.vehicle, t.fix_time_ms));
+}
+
+/// README's table of reasons, row by row: each example payload gets the
+/// reason the table gives it.
+#[test]
+fn readme_reason_table_matches_the_codec() {
+    let readme = std::fs::read_to_string("README.md").expect("README.md");
+    let section = readme
+        .split("## Why a message was refused")
+        .nth(1)
+        .expect("README has the reason table");
+    let s = settings();
+    let mut covered = Vec::new();
+    for row in section.lines().take_while(|l| !l.starts_with("## ")) {
+        let cells: Vec<&str> = row.split(" | ").collect();
+        if !row.starts_with("| `") || cells.len() < 4 {
+            continue;
+        }
+        let code = |c: &str| {
+            c.trim_matches(|ch| ch == '|' || ch == ' ')
+                .trim_matches('`')
+                .to_owned()
+        };
+        let reason = code(cells[0]);
+        let topic = code(cells[1]);
+        let payload = cells[2].trim();
+        covered.push(reason.clone());
+        match reason.as_str() {
+            "shed" => continue,
+            "oversize" => {
+                let big = vec![b' '; s.max_payload_bytes + 1];
+                assert_eq!(
+                    decode(&topic, &big, &s).unwrap_err().reason,
+                    Reason::Oversize
+                );
+                continue;
+            }
+            _ => {}
+        }
+        let payload = payload
+            .split('`')
+            .nth(1)
+            .unwrap_or_else(|| panic!("row {reason} has a payload in backticks"));
+        if reason == "duplicate" {
+            let mut dedup = Dedup::new(16);
+            let fix = decode(&topic, payload.as_bytes(), &s).expect("a valid fix");
+            assert!(dedup.first_sighting(&fix.vehicle, fix.fix_time_ms));
+            assert!(!dedup.first_sighting(&fix.vehicle, fix.fix_time_ms));
+            continue;
+        }
+        let err = decode(&topic, payload.as_bytes(), &s).expect_err(payload);
+        assert_eq!(err.reason.as_str(), reason, "{payload}: {}", err.detail);
+    }
+    let mut all: Vec<String> = Reason::ALL.iter().map(|r| r.as_str().to_owned()).collect();
+    all.push("shed".into());
+    all.sort();
+    covered.sort();
+    assert_eq!(covered, all, "one row per reason");
 }

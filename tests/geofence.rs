@@ -422,3 +422,64 @@ mod ring_position {
         }
     }
 }
+
+/// Natural Earth's 1:110m countries cut Russia at ±180° and leave float
+/// noise there (`180.00000000000006`). Noise within a billionth of a degree
+/// is clamped with a warning naming the feature and the position; a value
+/// clearly out of range is still refused; a polygon crossing ±180° unsplit
+/// is refused with the rule.
+#[test]
+fn float_noise_at_the_antimeridian_and_poles_is_clamped_with_a_warning() {
+    let noisy = r#"{"type":"FeatureCollection","features":[
+      {"type":"Feature","id":"ru","properties":{},"geometry":{"type":"MultiPolygon","coordinates":[
+        [[[170,60],[180.00000000000006,60],[180.00000000000006,70],[170,70],[170,60]]],
+        [[[-180.00000000000006,60],[-170,60],[-170,70],[-180,70],[-180.00000000000006,60]]]]}},
+      {"type":"Feature","id":"cap","properties":{},"geometry":{"type":"Polygon","coordinates":
+        [[[0,80],[10,80],[10,90.0000000001],[0,90.0000000001],[0,80]]]}},
+      {"type":"Feature","id":"south","properties":{},"geometry":{"type":"Polygon","coordinates":
+        [[[0,-90.0000000002],[10,-90.0000000002],[10,-80],[0,-80],[0,-90.0000000002]]]}}]}"#;
+    let loaded = geogate::geofence::parse_fences_with_warnings(noisy).expect("noise is tolerated");
+    assert_eq!(loaded.fences.len(), 3);
+    // ru: 2 + 2 noisy positions (the closing one repeats the first),
+    // cap: 2, south: 3.
+    assert_eq!(loaded.warnings.len(), 9, "{:#?}", loaded.warnings);
+    let first = &loaded.warnings[0];
+    assert_eq!((first.index, first.id.as_deref()), (Some(0), Some("ru")));
+    assert!(
+        first.defect.contains("polygon 0: exterior ring position 1")
+            && first.defect.contains("clamped to [180, 60]"),
+        "{}",
+        first.defect
+    );
+    let idx = FenceIndex::new(loaded.fences);
+    assert_eq!(covering(&idx, 179.5, 65.0), ["ru"]);
+    assert_eq!(covering(&idx, -179.5, 65.0), ["ru"]);
+    assert_eq!(
+        covering(&idx, 180.0, 65.0),
+        ["ru"],
+        "the cut edge is boundary"
+    );
+    assert!(covering(&idx, 0.0, 65.0).is_empty());
+    assert_eq!(covering(&idx, 5.0, 90.0), ["cap"]);
+    assert_eq!(covering(&idx, 5.0, -90.0), ["south"]);
+
+    // A thousandth of a degree is not noise.
+    let far = noisy.replace("180.00000000000006,60]", "180.001,60]");
+    let err = parse_fences(&far).unwrap_err().to_string();
+    assert!(
+        err.contains("out of range") && err.contains("180.001"),
+        "{err}"
+    );
+
+    // Unsplit across ±180°: refused, with the rule.
+    let unsplit = json!([poly(
+        "pacific",
+        json!([[[170, 0], [-170, 0], [-170, 10], [170, 10], [170, 0]]])
+    )]);
+    let doc = json!({"type": "FeatureCollection", "features": unsplit});
+    let err = parse_fences(&doc.to_string()).unwrap_err().to_string();
+    assert!(
+        err.contains("antimeridian") && err.contains("edge 0"),
+        "{err}"
+    );
+}

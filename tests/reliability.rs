@@ -113,8 +113,9 @@ fn bad_corpus() -> Vec<(Message, &'static str)> {
         ),
         "malformed_json",
     ));
+    // Valid JSON, but not an object: not malformed, just not telemetry.
     for v in ["[1,2]", "\"text\"", "42", "null", "true"] {
-        c.push((msg(t, v), "malformed_json"));
+        c.push((msg(t, v), "unknown_format"));
     }
     for v in [
         "{}",
@@ -128,6 +129,14 @@ fn bad_corpus() -> Vec<(Message, &'static str)> {
     c.push((msg("owntracks//phone", ot), "missing_field"));
     c.push((msg("owntracks/ann/", ot), "missing_field"));
     c.push((msg("fleet//telemetry", ot), "missing_field"));
+    // A native fix with no vehicle field on a topic that names none.
+    c.push((
+        msg(
+            "fleet//telemetry",
+            r#"{"ts":1750000000000,"lat":50.0,"lon":10.0}"#,
+        ),
+        "missing_field",
+    ));
     for field in ["lat", "lon", "ts"] {
         let body = good.replacen(&format!("\"{field}\":"), &format!("\"gone_{field}\":"), 1);
         c.push((msg(t, body), "missing_field"));

@@ -322,3 +322,38 @@ fn demo_runs_end_to_end_on_a_small_capture() {
     assert!(report.contains("<svg") && report.contains("watermark"));
     assert!(stdout.contains("queues s0"), "live progress was shown");
 }
+
+/// The demo as a new user meets it: no arguments, run from an empty
+/// directory, so the config, fences and capture must be compiled in.
+#[test]
+fn demo_runs_from_an_empty_directory_with_nothing_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_geogate"))
+        .arg("demo")
+        .current_dir(dir.path())
+        .output()
+        .expect("run geogate demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("accounting:"))
+        .expect("accounting line");
+    let bundled = Path::new(env!("CARGO_MANIFEST_DIR")).join("replay/shift-change.ndjson.gz");
+    let messages = geogate::capture::read(&bundled).unwrap().len();
+    assert!(
+        line.starts_with(&format!("accounting: received {messages} "))
+            && line.ends_with("(balanced)"),
+        "{line}"
+    );
+    let report = dir.path().join("geogate-report/report.html");
+    assert!(std::fs::read_to_string(&report).unwrap().contains("<svg"));
+    assert!(
+        stdout.contains("report: geogate-report/report.html"),
+        "{stdout}"
+    );
+}

@@ -3,10 +3,14 @@
 //!
 //! Formats, tried in this order on a single parse:
 //! 1. **native**: `{"vehicle", "ts" (unix ms), "lat", "lon", "speed_kmh"?, "kind"?}`;
+//!    a native fix without `"vehicle"` takes it from the topic
+//!    (`fleet/{vehicle}/telemetry`), and is `missing_field` when the topic
+//!    names none;
 //! 2. **OwnTracks** location: `{"_type": "location", "lat", "lon", "tst" (s),
 //!    "vel"? (km/h), "t"? (trigger)}`, the vehicle named by the topic.
 //!
-//! The size cap is checked before any parsing. Priority is `Low` for an
+//! Valid JSON that is not an object is `unknown_format` (it is not
+//! malformed). The size cap is checked before any parsing. Priority is `Low` for an
 //! OwnTracks `t = "p"`, a native kind in `ping_kinds`, or a speed below
 //! `idle_speed_kmh`; everything else is `High`.
 
@@ -107,10 +111,16 @@ pub fn decode(
             ),
         ));
     }
-    let wire: Wire = serde_json::from_slice(payload)
-        .map_err(|e| DecodeError::new(Reason::MalformedJson, e.to_string()))?;
+    let mut wire: Wire = serde_json::from_slice(payload).map_err(|e| not_telemetry(payload, e))?;
     if wire.vehicle.is_some() {
-        native(wire, settings)
+        let vehicle = vehicle_id(&text(wire.vehicle.take(), "vehicle")?)?;
+        native(vehicle, wire, settings)
+    } else if wire.owntracks_type.is_none()
+        && (wire.ts.is_some() || wire.lat.is_some() || wire.lon.is_some())
+    {
+        // A native fix without its vehicle field: the topic may name it.
+        let vehicle = topic_vehicle(topic, settings, "not in the payload, and the topic")?;
+        native(vehicle, wire, settings)
     } else {
         match &wire.owntracks_type {
             Some(Loose::Str(t)) if t == "location" => owntracks(topic, wire, settings),
@@ -126,8 +136,53 @@ pub fn decode(
     }
 }
 
-fn native(wire: Wire, settings: &CodecSettings) -> Result<Telemetry, DecodeError> {
-    let vehicle = vehicle_id(&text(wire.vehicle, "vehicle")?)?;
+/// Why bytes serde could not read as telemetry: not JSON at all, or JSON
+/// that is not an object (valid, so `malformed_json` would send an
+/// operator looking for a syntax error that is not there).
+fn not_telemetry(payload: &[u8], e: serde_json::Error) -> DecodeError {
+    let shape = match serde_json::from_slice::<serde_json::Value>(payload) {
+        Ok(serde_json::Value::Array(_)) => "an array",
+        Ok(serde_json::Value::String(_)) => "a string",
+        Ok(serde_json::Value::Number(_)) => "a number",
+        Ok(serde_json::Value::Bool(_)) => "a boolean",
+        Ok(serde_json::Value::Null) => "null",
+        // An object serde refused (a repeated key), or not JSON at all.
+        Ok(serde_json::Value::Object(_)) | Err(_) => {
+            return DecodeError::new(Reason::MalformedJson, e.to_string());
+        }
+    };
+    DecodeError::new(
+        Reason::UnknownFormat,
+        format!("valid JSON, but {shape}: telemetry is a JSON object"),
+    )
+}
+
+/// The vehicle a topic pattern names, or `missing_field` saying why not.
+fn topic_vehicle(
+    topic: &str,
+    settings: &CodecSettings,
+    context: &str,
+) -> Result<VehicleId, DecodeError> {
+    let vehicle = settings
+        .topic_patterns
+        .iter()
+        .find_map(|p| p.vehicle(topic))
+        .ok_or_else(|| {
+            DecodeError::new(
+                Reason::MissingField,
+                format!(
+                    "vehicle: {context} {topic:?} names none (no topic pattern matches, or its vehicle segment is empty)"
+                ),
+            )
+        })?;
+    vehicle_id(&vehicle)
+}
+
+fn native(
+    vehicle: VehicleId,
+    wire: Wire,
+    settings: &CodecSettings,
+) -> Result<Telemetry, DecodeError> {
     let fix_time_ms = fix_time(integer(wire.ts, "ts")?, "ts")?;
     let (lat, lon) = position(wire.lat, wire.lon)?;
     let speed_kmh = optional_number(wire.speed_kmh, "speed_kmh")?;
@@ -156,17 +211,7 @@ fn native(wire: Wire, settings: &CodecSettings) -> Result<Telemetry, DecodeError
 }
 
 fn owntracks(topic: &str, wire: Wire, settings: &CodecSettings) -> Result<Telemetry, DecodeError> {
-    let vehicle = settings
-        .topic_patterns
-        .iter()
-        .find_map(|p| p.vehicle(topic))
-        .ok_or_else(|| {
-            DecodeError::new(
-                Reason::MissingField,
-                format!("vehicle: topic {topic:?} matches no topic pattern"),
-            )
-        })?;
-    let vehicle = vehicle_id(&vehicle)?;
+    let vehicle = topic_vehicle(topic, settings, "OwnTracks names it by topic, and")?;
     let tst = integer(wire.tst, "tst")?;
     let fix_time_ms = fix_time(tst.checked_mul(1000).unwrap_or(i64::MAX), "tst")?;
     let (lat, lon) = position(wire.lat, wire.lon)?;

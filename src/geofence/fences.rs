@@ -68,6 +68,42 @@ impl fmt::Display for FenceDefect {
     }
 }
 
+/// How far past ±180° / ±90° a coordinate may stray and still be taken
+/// (clamped, with a warning). Producers' projections leave float noise
+/// there: Natural Earth's 1:110m countries carry `180.00000000000006`.
+/// A billionth of a degree is 0.1 mm; anything further is refused.
+pub const COORDINATE_NOISE_DEG: f64 = 1e-9;
+
+/// What validating one feature found: defects refuse the file, warnings
+/// (clamped float noise) do not.
+#[derive(Debug, Default)]
+struct Findings {
+    problems: Vec<String>,
+    warnings: Vec<String>,
+}
+
+impl Findings {
+    fn push(&mut self, problem: String) {
+        self.problems.push(problem);
+    }
+
+    fn warn(&mut self, warning: String) {
+        self.warnings.push(warning);
+    }
+
+    fn len(&self) -> usize {
+        self.problems.len()
+    }
+}
+
+/// A valid fence file, and what was tolerated in it.
+#[derive(Debug, Clone)]
+pub struct LoadedFences {
+    pub fences: Vec<Fence>,
+    /// One per clamped coordinate, naming the feature and the position.
+    pub warnings: Vec<FenceDefect>,
+}
+
 /// Every defect found in a fence file.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{} invalid fence definition(s):\n{}", .0.len(), .0.iter().map(|d| format!("  {d}")).collect::<Vec<_>>().join("\n"))]
@@ -111,8 +147,18 @@ pub fn summarize(fences: &[Fence]) -> FenceSummary {
     }
 }
 
-/// Parses and validates a GeoJSON FeatureCollection.
+/// Parses and validates a GeoJSON FeatureCollection; warnings are logged.
 pub fn parse_fences(text: &str) -> Result<Vec<Fence>, FenceErrors> {
+    let loaded = parse_fences_with_warnings(text)?;
+    for w in &loaded.warnings {
+        tracing::warn!("fences: {w}");
+    }
+    Ok(loaded.fences)
+}
+
+/// Parses and validates a GeoJSON FeatureCollection, returning what was
+/// tolerated beside the fences.
+pub fn parse_fences_with_warnings(text: &str) -> Result<LoadedFences, FenceErrors> {
     let doc_error = |defect: String| {
         FenceErrors(vec![FenceDefect {
             index: None,
@@ -131,6 +177,7 @@ pub fn parse_fences(text: &str) -> Result<Vec<Fence>, FenceErrors> {
 
     let mut fences = Vec::with_capacity(features.len());
     let mut defects = Vec::new();
+    let mut warnings = Vec::new();
     let mut seen = HashSet::new();
     for (index, raw) in features.iter().enumerate() {
         let id = feature_id(raw);
@@ -153,11 +200,16 @@ pub fn parse_fences(text: &str) -> Result<Vec<Fence>, FenceErrors> {
                 continue;
             }
         };
-        let mut problems = Vec::new();
-        let fence = build_fence(&feature, &mut problems);
-        for p in problems {
+        let mut findings = Findings::default();
+        let fence = build_fence(&feature, &mut findings);
+        for p in findings.problems {
             report(p);
         }
+        warnings.extend(findings.warnings.into_iter().map(|defect| FenceDefect {
+            index: Some(index),
+            id: id.clone(),
+            defect,
+        }));
         if let (Some(fence), Some(id)) = (fence, &id) {
             fences.push(Fence {
                 id: id.as_str().into(),
@@ -166,22 +218,30 @@ pub fn parse_fences(text: &str) -> Result<Vec<Fence>, FenceErrors> {
         }
     }
     if defects.is_empty() {
-        Ok(fences)
+        Ok(LoadedFences { fences, warnings })
     } else {
         Err(FenceErrors(defects))
     }
 }
 
-/// Reads and validates a fence file.
+/// Reads and validates a fence file; warnings are logged.
 pub fn load_fences(path: &std::path::Path) -> Result<Vec<Fence>, FenceErrors> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
+    parse_fences(&read_fence_file(path)?)
+}
+
+/// Reads and validates a fence file, returning its warnings too.
+pub fn load_fences_with_warnings(path: &std::path::Path) -> Result<LoadedFences, FenceErrors> {
+    parse_fences_with_warnings(&read_fence_file(path)?)
+}
+
+fn read_fence_file(path: &std::path::Path) -> Result<String, FenceErrors> {
+    std::fs::read_to_string(path).map_err(|e| {
         FenceErrors(vec![FenceDefect {
             index: None,
             id: None,
             defect: format!("cannot read {}: {e}", path.display()),
         }])
-    })?;
-    parse_fences(&text)
+    })
 }
 
 fn feature_id(raw: &Value) -> Option<String> {
@@ -196,7 +256,7 @@ fn feature_id(raw: &Value) -> Option<String> {
 }
 
 /// Builds the fence (id filled in by the caller), pushing every defect.
-fn build_fence(feature: &Feature, problems: &mut Vec<String>) -> Option<Fence> {
+fn build_fence(feature: &Feature, problems: &mut Findings) -> Option<Fence> {
     let props = feature.properties.as_ref();
     let prop = |key: &str| props.and_then(|p| p.get(key));
     let name = prop("name").and_then(Value::as_str).map(str::to_owned);
@@ -240,7 +300,7 @@ fn build_fence(feature: &Feature, problems: &mut Vec<String>) -> Option<Fence> {
     })
 }
 
-fn non_negative(value: Option<&Value>, field: &str, problems: &mut Vec<String>) -> Option<f64> {
+fn non_negative(value: Option<&Value>, field: &str, problems: &mut Findings) -> Option<f64> {
     let value = value?;
     match value.as_f64() {
         Some(v) if v.is_finite() && v >= 0.0 => Some(v),
@@ -251,7 +311,7 @@ fn non_negative(value: Option<&Value>, field: &str, problems: &mut Vec<String>) 
     }
 }
 
-fn circle(center: &Position, radius: Option<&Value>, problems: &mut Vec<String>) -> Option<Part> {
+fn circle(center: &Position, radius: Option<&Value>, problems: &mut Findings) -> Option<Part> {
     let center = coordinate(center, "circle centre", problems)?;
     let radius_m = match radius.map(|r| (r, r.as_f64())) {
         None => {
@@ -267,7 +327,7 @@ fn circle(center: &Position, radius: Option<&Value>, problems: &mut Vec<String>)
     Some(Part::Circle(Circle { center, radius_m }))
 }
 
-fn polygon(rings: &[Vec<Position>], prefix: &str, problems: &mut Vec<String>) -> Option<Part> {
+fn polygon(rings: &[Vec<Position>], prefix: &str, problems: &mut Findings) -> Option<Part> {
     if rings.is_empty() {
         problems.push(format!("{prefix}polygon has no rings"));
         return None;
@@ -301,7 +361,7 @@ fn polygon(rings: &[Vec<Position>], prefix: &str, problems: &mut Vec<String>) ->
     }))
 }
 
-fn coordinate(pos: &Position, label: &str, problems: &mut Vec<String>) -> Option<Coord<f64>> {
+fn coordinate(pos: &Position, label: &str, problems: &mut Findings) -> Option<Coord<f64>> {
     let v = pos.as_slice();
     if v.len() < 2 {
         problems.push(format!(
@@ -315,19 +375,30 @@ fn coordinate(pos: &Position, label: &str, problems: &mut Vec<String>) -> Option
         problems.push(format!("{label}: non-finite coordinate [{x}, {y}]"));
         return None;
     }
-    if !(-180.0..=180.0).contains(&x) || !(-90.0..=90.0).contains(&y) {
+    let within = |v: f64, limit: f64| v.abs() <= limit + COORDINATE_NOISE_DEG;
+    if !within(x, 180.0) || !within(y, 90.0) {
         problems.push(format!(
             "{label}: coordinate [{x}, {y}] out of range (lon ±180, lat ±90)"
         ));
         return None;
     }
-    Some(Coord { x, y })
+    let clamped = Coord {
+        x: x.clamp(-180.0, 180.0),
+        y: y.clamp(-90.0, 90.0),
+    };
+    if clamped != (Coord { x, y }) {
+        problems.warn(format!(
+            "{label}: coordinate [{x}, {y}] is float noise past the valid range; clamped to [{}, {}]",
+            clamped.x, clamped.y
+        ));
+    }
+    Some(clamped)
 }
 
 fn validate_ring(
     ring: &[Position],
     label: &str,
-    problems: &mut Vec<String>,
+    problems: &mut Findings,
 ) -> Option<Vec<Coord<f64>>> {
     let before = problems.len();
     let coords: Vec<Coord<f64>> = ring
@@ -348,6 +419,16 @@ fn validate_ring(
     if coords.first() != coords.last() {
         problems.push(format!(
             "{label} is not closed: the first and last positions differ"
+        ));
+        return None;
+    }
+    if let Some(i) = coords
+        .windows(2)
+        .position(|w| (w[1].x - w[0].x).abs() > 180.0)
+    {
+        problems.push(format!(
+            "{label}: edge {i} spans {:.1}° of longitude; a polygon that crosses the antimeridian must be cut at ±180° into a MultiPolygon (RFC 7946 §3.1.9), as Natural Earth does",
+            (coords[i + 1].x - coords[i].x).abs()
         ));
         return None;
     }

@@ -17,6 +17,7 @@ pub use evaluator::{
     Evaluator, EvaluatorSettings, EvaluatorStats, FixOutcome, Transition, TransitionKind,
 };
 pub use fences::{
-    Fence, FenceDefect, FenceErrors, FenceSummary, load_fences, parse_fences, summarize,
+    COORDINATE_NOISE_DEG, Fence, FenceDefect, FenceErrors, FenceSummary, LoadedFences, load_fences,
+    load_fences_with_warnings, parse_fences, parse_fences_with_warnings, summarize,
 };
 pub use index::{FenceIdx, FenceIndex};
