@@ -11,6 +11,7 @@ use crate::capture;
 use crate::config::Config;
 use crate::pipeline::{self, PipelineView};
 use crate::replay::{Pacing, replay_live};
+use crate::report::map::{Marker, Track, map_svg};
 use crate::report::{PALETTE, Series, html_page, html_table, line_chart};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -81,7 +82,10 @@ pub async fn run(
     let duration_s = records.last().map_or(0.0, |r| r.t_ns as f64 / 1e9) / demo.speed;
     std::fs::create_dir_all(&demo.report_dir)?;
     config.dead_letter.path = demo.report_dir.join("dead-letter.ndjson");
-    config.events.path = Some(demo.report_dir.join("events.ndjson"));
+    let events_path = demo.report_dir.join("events.ndjson");
+    let fences_path = config.fences.path.clone();
+    let codec = config.codec.clone();
+    config.events.path = Some(events_path.clone());
     for stale in [
         &config.dead_letter.path,
         config
@@ -190,12 +194,85 @@ pub async fn run(
     sampler.abort();
     let samples = samples.lock().map(|s| s.clone()).unwrap_or_default();
     let report = demo.report_dir.join("report.html");
-    let (html, charts) = render(&samples, &balance, view.watermark, &demo.gate.to_string());
+    let map = draw_map(&records, &fences_path, &events_path, &codec);
+    let (html, charts) = render(
+        &samples,
+        &balance,
+        view.watermark,
+        &demo.gate.to_string(),
+        map,
+    );
     std::fs::write(&report, html)?;
     for (name, svg) in charts {
         std::fs::write(demo.report_dir.join(name), svg)?;
     }
     Ok(DemoOutcome { balance, report })
+}
+
+/// How many vehicles' tracks the map shows: the busiest ones.
+const MAP_VEHICLES: usize = 8;
+
+/// The map of the demo's fences with the tracks of its busiest vehicles and
+/// where they entered and left fences (from the events file).
+fn draw_map(
+    records: &[capture::CaptureRecord],
+    fences: &std::path::Path,
+    events: &std::path::Path,
+    codec: &crate::codec::CodecSettings,
+) -> Option<String> {
+    let fences = crate::geofence::load_fences(fences).ok()?;
+    let transitions: Vec<serde_json::Value> = std::fs::read_to_string(events)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let mut busiest: std::collections::HashMap<&str, usize> = Default::default();
+    for t in &transitions {
+        if let Some(v) = t["vehicle"].as_str() {
+            *busiest.entry(v).or_default() += 1;
+        }
+    }
+    let mut chosen: Vec<(&str, usize)> = busiest.into_iter().collect();
+    chosen.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    chosen.truncate(MAP_VEHICLES);
+    let mut tracks: Vec<Track> = chosen
+        .iter()
+        .map(|(v, _)| Track {
+            vehicle: (*v).to_owned(),
+            points: Vec::new(),
+        })
+        .collect();
+    let mut at = std::collections::HashMap::new();
+    for r in records {
+        let Ok(fix) = crate::codec::decode(&r.topic, &r.payload_bytes(), codec) else {
+            continue;
+        };
+        if let Some(track) = tracks.iter_mut().find(|t| *t.vehicle == *fix.vehicle) {
+            track.points.push((fix.lon, fix.lat));
+            at.insert((track.vehicle.clone(), fix.fix_time_ms), (fix.lon, fix.lat));
+        }
+    }
+    let markers: Vec<Marker> = transitions
+        .iter()
+        .filter_map(|t| {
+            let key = (t["vehicle"].as_str()?.to_owned(), t["ts"].as_i64()?);
+            let &(lon, lat) = at.get(&key)?;
+            Some(Marker {
+                lon,
+                lat,
+                enter: t["event"] == "enter",
+            })
+        })
+        .collect();
+    Some(map_svg(
+        &format!(
+            "Fences, the {} busiest vehicles' tracks, their enters and exits",
+            tracks.len()
+        ),
+        &fences,
+        &tracks,
+        &markers,
+    ))
 }
 
 /// The report page, and its charts as (file name, SVG).
@@ -204,6 +281,7 @@ fn render(
     balance: &Balance,
     watermark: f64,
     gate: &str,
+    map: Option<String>,
 ) -> (String, Vec<(&'static str, String)>) {
     let rate = |pick: fn(&Balance) -> u64| -> Vec<(f64, f64)> {
         let mut prev = 0;
@@ -299,27 +377,27 @@ fn render(
             balance.balances().to_string(),
         ]],
     );
-    let html = html_page(
-        "geogate demo",
-        &[
-            (
-                "Accounting".into(),
-                format!(
-                    "<p><code>{}</code></p><p>Gate: <code>{gate}</code></p>{summary}",
-                    balance.line()
-                ),
-            ),
-            ("Flow".into(), flow.clone()),
-            ("Queues".into(), fill.clone()),
-            ("Transitions".into(), transitions.clone()),
-        ],
-    );
-    (
-        html,
-        vec![
-            ("flow.svg", flow),
-            ("queues.svg", fill),
-            ("transitions.svg", transitions),
-        ],
-    )
+    let mut sections = vec![(
+        "Accounting".into(),
+        format!(
+            "<p><code>{}</code></p><p>Gate: <code>{gate}</code></p>{summary}",
+            balance.line()
+        ),
+    )];
+    let mut charts = Vec::new();
+    if let Some(map) = map {
+        sections.push(("Map".into(), map.clone()));
+        charts.push(("map.svg", map));
+    }
+    sections.extend([
+        ("Flow".into(), flow.clone()),
+        ("Queues".into(), fill.clone()),
+        ("Transitions".into(), transitions.clone()),
+    ]);
+    charts.extend([
+        ("flow.svg", flow),
+        ("queues.svg", fill),
+        ("transitions.svg", transitions),
+    ]);
+    (html_page("geogate demo", &sections), charts)
 }

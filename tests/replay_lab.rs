@@ -321,6 +321,38 @@ fn demo_runs_end_to_end_on_a_small_capture() {
     let report = std::fs::read_to_string(dir.path().join("report/report.html")).unwrap();
     assert!(report.contains("<svg") && report.contains("watermark"));
     assert!(stdout.contains("queues s0"), "live progress was shown");
+    // The map: fences (circles as circles), tracks, enter/exit markers.
+    let map = std::fs::read_to_string(dir.path().join("report/map.svg")).unwrap();
+    assert!(
+        map.matches("<circle").count() >= 7,
+        "circle fences drawn as circles"
+    );
+    assert!(
+        report.contains(&map.trim_end().replace("\n", "")[..200]),
+        "the map is in the page"
+    );
+
+    // In a real browser: no console output, and the map's own colours on
+    // screen (fence outlines, enter and exit markers).
+    let Some(page) =
+        support::browser::check_page(&dir.path().join("report/report.html"), 900, 1400)
+    else {
+        return;
+    };
+    assert!(page.console.is_empty(), "console: {:?}", page.console);
+    for (what, colour, at_least) in [
+        ("fence outlines", geogate::report::map::FENCE, 200),
+        ("enter markers", geogate::report::map::ENTER, 20),
+        ("exit markers", geogate::report::map::EXIT, 20),
+    ] {
+        let n = page.count_colour(colour);
+        assert!(
+            n >= at_least,
+            "{what}: {n} pixels of {colour} in a {}x{} screenshot",
+            page.width,
+            page.height
+        );
+    }
 }
 
 /// The demo as a new user meets it: no arguments, run from an empty

@@ -1,6 +1,9 @@
-//! Report outputs: CSV, SVG line charts and a self-contained HTML page.
-//! Numbers are formatted with fixed precision so that identical inputs give
-//! byte-identical files.
+//! Report outputs: CSV, SVG line charts, an SVG map ([`map`]) and a
+//! self-contained HTML page. Numbers are formatted with fixed precision so
+//! that identical inputs give byte-identical files; axis ticks fall on
+//! round values (1-2-5 steps).
+
+pub mod map;
 
 use sha2::{Digest, Sha256};
 use std::fmt::Write as _;
@@ -17,7 +20,7 @@ pub const PALETTE: [&str; 6] = [
     "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b",
 ];
 
-fn escape(s: &str) -> String {
+pub(crate) fn escape(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -50,7 +53,10 @@ pub fn line_chart(
     if x1 <= x0 {
         x1 = x0 + 1.0;
     }
-    let y1 = if y1 <= 0.0 { 1.0 } else { y1 * 1.05 };
+    // Round ticks: a 1-2-5 step, and the y axis ends on a tick.
+    let y_step = nice_step(if y1 <= 0.0 { 1.0 } else { y1 } / 4.0);
+    let y1 = (y1 / y_step).ceil().max(1.0) * y_step;
+    let x_step = nice_step((x1 - x0) / 5.0);
     let px = |x: f64| left + (x - x0) / (x1 - x0) * (w - left - right);
     let py = |y: f64| h - bottom - y / y1 * (h - top - bottom);
     let mut svg = String::new();
@@ -71,21 +77,22 @@ pub fn line_chart(
         h - bottom,
         h - bottom
     );
-    for i in 0..=4 {
-        let (xv, yv) = (x0 + (x1 - x0) * i as f64 / 4.0, y1 * i as f64 / 4.0);
+    for xv in ticks(x0, x1, x_step) {
         let _ = write!(
             svg,
             r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
             px(xv),
             h - bottom + 16.0,
-            tick(xv)
+            tick(xv, x_step)
         );
+    }
+    for yv in ticks(0.0, y1, y_step) {
         let _ = write!(
             svg,
             r##"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text><line x1="{left}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#eee"/>"##,
             left - 6.0,
             py(yv) + 4.0,
-            tick(yv),
+            tick(yv, y_step),
             py(yv),
             w - right,
             py(yv)
@@ -149,12 +156,34 @@ pub fn line_chart(
     svg
 }
 
-fn tick(v: f64) -> String {
-    if v.abs() >= 100.0 || v.fract() == 0.0 {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.2}")
+/// The smallest 1, 2 or 5 × 10^k at least `raw` (and > 0).
+pub fn nice_step(raw: f64) -> f64 {
+    if !(raw.is_finite() && raw > 0.0) {
+        return 1.0;
     }
+    let magnitude = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * magnitude)
+        .find(|&s| s >= raw * (1.0 - 1e-9))
+        .unwrap_or(10.0 * magnitude)
+}
+
+/// Multiples of `step` from the first at or after `from` to `to`.
+fn ticks(from: f64, to: f64, step: f64) -> Vec<f64> {
+    let first = (from / step - 1e-9).ceil() as i64;
+    let last = (to / step + 1e-9).floor() as i64;
+    (first..=last).map(|k| k as f64 * step).collect()
+}
+
+/// A tick label with as many decimals as the step needs.
+fn tick(v: f64, step: f64) -> String {
+    let decimals = if step >= 1.0 {
+        0
+    } else {
+        (-step.log10().floor()) as usize
+    };
+    format!("{v:.decimals$}")
 }
 
 /// A self-contained HTML page from (heading, HTML body) sections.
@@ -198,4 +227,46 @@ pub fn sha256_file(path: &Path) -> std::io::Result<String> {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_are_one_two_or_five_times_a_power_of_ten() {
+        for (raw, step) in [
+            (0.3, 0.5),
+            (1.0, 1.0),
+            (1.2, 2.0),
+            (26.25, 50.0),
+            (80.75, 100.0),
+            (161.0, 200.0),
+            (323.0, 500.0),
+            (4.9, 5.0),
+        ] {
+            assert_eq!(nice_step(raw), step, "{raw}");
+        }
+    }
+
+    #[test]
+    fn chart_ticks_are_round() {
+        let chart = line_chart(
+            "t",
+            "s",
+            "v",
+            &[Series {
+                name: "a".into(),
+                points: vec![(0.0, 0.0), (41.0, 968.0)],
+                color: PALETTE[0],
+            }],
+            None,
+        );
+        for label in [">0<", ">500<", ">1000<", ">10<", ">40<"] {
+            assert!(chart.contains(label), "{label} in {chart}");
+        }
+        for odd in [">323<", ">645<", ">968<", ">26.25<"] {
+            assert!(!chart.contains(odd), "{odd}");
+        }
+    }
 }
