@@ -8,14 +8,14 @@
 
 use bytes::Bytes;
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use geogate::accounting::Accounting;
 use geogate::admission::{Admission, AdmissionPolicy, GateSpec};
-use geogate::capture;
 use geogate::clock::MonotonicClock;
 use geogate::codec::{CodecSettings, Dedup, decode};
 use geogate::config::{FsyncPolicy, PipelineConfig};
 use geogate::geofence::{Evaluator, EvaluatorSettings, FenceIndex, load_fences};
-use geogate::shard::{Router, ShardInput, WorkerContext, worker};
+use geogate::pipeline::accounting::Accounting;
+use geogate::pipeline::shard::{Router, ShardInput, WorkerContext, worker};
+use geogate::replay::capture;
 use geogate::sink::dead_letter::DeadLetterSink;
 use geogate::sink::events::EventSink;
 use geogate::source::{Completions, Envelope};

@@ -1,25 +1,26 @@
 //! geogate: live GPS telemetry in over MQTT, shift-change bursts shed by a
 //! rate gate, every admitted fix evaluated against geofences.
 //!
-//! Layout, following the data flow in `ARCHITECTURE.md`:
+//! Layout by concern, following the data flow in `ARCHITECTURE.md`:
 //!
-//! * [`clock`]: integer-nanosecond time, monotonic or manual;
-//! * [`model`]: telemetry, ids and priority;
-//! * [`admission`]: the gates (token bucket, leaky meter and shaper, fixed
-//!   window) and the watermark policy in front of each shard queue;
-//! * [`geofence`]: GeoJSON fences, the R-tree index and exact containment,
-//!   and the per-vehicle enter/exit evaluator.
+//! * [`source`]: where messages come from (MQTT intake, ordered acks);
+//! * [`codec`]: bytes and topic → telemetry, or a precise reason;
+//! * [`admission`]: the gates and the one admission rule;
+//! * [`pipeline`]: wiring, the shard router and workers, the accounting;
+//! * [`geofence`]: fences, the index, exact containment, enter/exit state;
+//! * [`sink`]: dead letter and transitions out, and how they fail;
+//! * [`replay`]: captures, record, live and virtual replay, synth;
+//! * [`lab`], [`report`], [`cli`]: what the commands show;
+//! * [`clock`], [`model`], [`config`], [`backoff`], [`broker`],
+//!   [`metrics`]: shared pieces.
 
-pub mod accounting;
 pub mod admission;
 pub mod backoff;
 pub mod broker;
-pub mod capture;
+pub mod cli;
 pub mod clock;
 pub mod codec;
 pub mod config;
-pub mod demo;
-pub mod eval;
 pub mod geofence;
 pub mod lab;
 pub mod metrics;
@@ -27,8 +28,5 @@ pub mod model;
 pub mod pipeline;
 pub mod replay;
 pub mod report;
-pub mod shard;
-pub mod sim;
 pub mod sink;
 pub mod source;
-pub mod synth;

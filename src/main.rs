@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use geogate::eval::evaluate_positions;
+use geogate::cli::eval::evaluate_positions;
 use geogate::geofence::{
     EvaluatorSettings, FenceIndex, load_fences, load_fences_with_warnings, summarize,
 };
@@ -13,6 +13,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+// The command bodies live beside the library's CLI code, in the binary.
+#[path = "cli/commands.rs"]
 mod commands;
 
 #[derive(Parser)]
@@ -255,7 +257,7 @@ fn main() -> Result<ExitCode> {
             drive_s,
             malformed_share,
         }) => {
-            let params = geogate::synth::ShiftChange {
+            let params = geogate::replay::synth::ShiftChange {
                 vehicles,
                 seed,
                 overnight_s,
@@ -280,7 +282,7 @@ fn main() -> Result<ExitCode> {
         }) => commands::lab_trace(gate, trace, format),
         Command::Config(ConfigCommand::Check { file, format }) => config_check(file, format),
         Command::Config(ConfigCommand::Example) => {
-            print!("{}", geogate::demo::BUNDLED_CONFIG);
+            print!("{}", geogate::cli::demo::BUNDLED_CONFIG);
             Ok(ExitCode::SUCCESS)
         }
         Command::Eval {

@@ -265,8 +265,8 @@ fn record_captures_what_a_live_replay_publishes() {
     std::thread::sleep(std::time::Duration::from_millis(700));
     geogate(&["replay", &capture, "--mqtt", &url, "--speed", "25"]);
     assert!(recorder.wait().unwrap().success());
-    let original = geogate::capture::read(Path::new(&capture)).unwrap();
-    let got = geogate::capture::read(&recorded).unwrap();
+    let original = geogate::replay::capture::read(Path::new(&capture)).unwrap();
+    let got = geogate::replay::capture::read(&recorded).unwrap();
     assert_eq!(got.len(), original.len());
     let mut a: Vec<_> = original
         .iter()
@@ -313,7 +313,9 @@ fn demo_runs_end_to_end_on_a_small_capture() {
         line.ends_with("(balanced)") && line.contains("in_queue 0"),
         "{line}"
     );
-    let messages = geogate::capture::read(Path::new(&capture)).unwrap().len();
+    let messages = geogate::replay::capture::read(Path::new(&capture))
+        .unwrap()
+        .len();
     assert!(
         line.starts_with(&format!("accounting: received {messages} ")),
         "{line}"
@@ -376,7 +378,7 @@ fn demo_runs_from_an_empty_directory_with_nothing_beside_it() {
         .find(|l| l.starts_with("accounting:"))
         .expect("accounting line");
     let bundled = Path::new(env!("CARGO_MANIFEST_DIR")).join("replay/shift-change.ndjson.gz");
-    let messages = geogate::capture::read(&bundled).unwrap().len();
+    let messages = geogate::replay::capture::read(&bundled).unwrap().len();
     assert!(
         line.starts_with(&format!("accounting: received {messages} "))
             && line.ends_with("(balanced)"),

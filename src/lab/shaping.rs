@@ -14,7 +14,7 @@
 
 use crate::admission::{Decision, Gate, LeakyShaper, Rate, TokenBucket};
 use crate::clock::{NANOS_PER_MILLI, NANOS_PER_SEC, Nanos};
-use crate::sim::percentile;
+use crate::replay::sim::percentile;
 use serde::Serialize;
 
 pub const DIMENSIONS: [u32; 10] = [1, 2, 4, 8, 12, 16, 20, 28, 40, 80];

@@ -47,7 +47,7 @@ impl DeadLetter {
         detail: String,
         payload: &[u8],
     ) -> Self {
-        let (text, b64) = crate::capture::text_or_base64(payload);
+        let (text, b64) = crate::sink::payload::text_or_base64(payload);
         Self {
             received_ms,
             topic: topic.to_owned(),

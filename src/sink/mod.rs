@@ -11,3 +11,4 @@ pub mod append_file;
 pub mod dead_letter;
 pub mod events;
 pub mod health;
+pub mod payload;

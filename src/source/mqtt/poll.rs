@@ -32,7 +32,6 @@
 //! confirmed.
 
 use super::acker::{ConnectionId, LiveConnection, Registration};
-use crate::accounting::Accounting;
 use crate::backoff::Backoff;
 use crate::source::{AckToken, Envelope};
 use rumqttc::{AsyncClient, Event, EventLoop, Outgoing, Packet, QoS, SubscribeFilter};
@@ -97,7 +96,6 @@ pub struct PollTask {
     pub registrations: mpsc::UnboundedSender<Registration>,
     pub live: Arc<LiveConnection>,
     pub phase: watch::Receiver<Phase>,
-    pub accounting: Arc<Accounting>,
 }
 
 /// Where the subscription of the current connection stands.
@@ -130,9 +128,7 @@ impl Subscription {
 struct Handoff {
     intake: Option<mpsc::Sender<Envelope>>,
     registrations: Option<mpsc::UnboundedSender<Registration>>,
-    accounting: Arc<Accounting>,
     next_token: u64,
-    received: metrics::Counter,
     left_for_redelivery: metrics::Counter,
 }
 
@@ -150,8 +146,6 @@ impl Handoff {
             self.left_for_redelivery.increment(1);
             return;
         };
-        self.accounting.received();
-        self.received.increment(1);
         let token = (publish.qos != QoS::AtMostOnce).then(|| {
             self.next_token += 1;
             AckToken(self.next_token)
@@ -170,9 +164,8 @@ impl Handoff {
             });
         }
         if tx.send(item).await.is_err() {
-            // The router is gone (shutdown): never finished, never acked.
-            self.accounting.abandoned();
-            tracing::warn!("intake closed while a message was in hand");
+            // The router is gone (shutdown): never received, never acked.
+            self.left_for_redelivery.increment(1);
         }
     }
 }
@@ -195,16 +188,13 @@ pub async fn poll_loop(task: PollTask) {
         registrations,
         live,
         mut phase,
-        accounting,
     } = task;
     // However the task ends, no connection is live for the acker after it.
     let _dead_when_gone = MarkDeadOnDrop(live.clone());
     let mut handoff = Handoff {
         intake: Some(intake),
         registrations: Some(registrations),
-        accounting,
         next_token: 0,
-        received: metrics::counter!("geogate_events_received_total"),
         left_for_redelivery: metrics::counter!("geogate_mqtt_left_for_redelivery_total"),
     };
     let mut backoff = Backoff::new();

@@ -6,11 +6,11 @@
 
 use super::input::{BURST, ShardInput};
 use super::{Admitted, shard_of};
-use crate::accounting::Accounting;
 use crate::admission::{ShedCause, Verdict};
 use crate::clock::Clock;
 use crate::codec::{self, CodecSettings, Dedup, Reason};
 use crate::model::Priority;
+use crate::pipeline::accounting::Accounting;
 use crate::sink::dead_letter::{DeadLetter, DeadLetterSink};
 use crate::sink::health::{SinkHealth, retry_until};
 use crate::source::{AckToken, Completions, Envelope};
@@ -76,8 +76,13 @@ impl<C: Clock> Router<C> {
     /// Runs until intake closes; returns the dead-letter sink for a final sync.
     pub async fn run(mut self, mut intake: mpsc::Receiver<Envelope>) -> DeadLetterSink {
         let mut health = SinkHealth::new("dead_letter", self.dead_letter.path());
+        let received = metrics::counter!("geogate_events_received_total");
         let mut since_flush = 0;
         while let Some(item) = intake.recv().await {
+            // Received = taken from the source: a message still in the
+            // intake channel at a crash was never counted, nor acked.
+            self.accounting.received();
+            received.increment(1);
             self.route(item, &mut health).await;
             since_flush += 1;
             if intake.is_empty() || since_flush >= BURST {
@@ -258,10 +263,10 @@ mod tests {
     //! task of its own live, timed by the runtime, not by the clock.
     use super::*;
     use crate::admission::{Admission, AdmissionPolicy, GateSpec};
-    use crate::capture::CaptureRecord;
     use crate::clock::ManualClock;
     use crate::config::FsyncPolicy;
-    use crate::sim::{SimSettings, simulate_steps};
+    use crate::replay::capture::CaptureRecord;
+    use crate::replay::sim::{SimSettings, simulate_steps};
     use proptest::prelude::*;
 
     const T0: i64 = 1_750_000_000_000;
@@ -291,7 +296,7 @@ mod tests {
     /// to the replay's fills; returns the first disagreement, if any.
     async fn compare(
         records: &[CaptureRecord],
-        steps: &[crate::sim::Step],
+        steps: &[crate::replay::sim::Step],
         spec: &GateSpec,
         capacity: usize,
     ) -> Result<(), String> {

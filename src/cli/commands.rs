@@ -4,12 +4,12 @@
 use crate::{Format, ReplayArgs, print_json};
 use anyhow::{Context, Result, bail};
 use geogate::admission::GateSpec;
-use geogate::capture::{self, CaptureWriter};
 use geogate::codec::CodecSettings;
 use geogate::config::Config;
 use geogate::lab::{shaping, shaping_report, trace, window};
+use geogate::replay::capture::{self, CaptureWriter};
+use geogate::replay::sim::{SimSettings, simulate};
 use geogate::replay::{self, Pacing};
-use geogate::sim::{SimSettings, simulate};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -24,9 +24,10 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 pub fn demo(config_path: Option<PathBuf>) -> Result<ExitCode> {
     let config = match config_path {
         Some(path) => Config::load(&path).with_context(|| format!("loading {}", path.display()))?,
-        None => geogate::demo::bundled().context("preparing the bundled demo")?,
+        None => geogate::cli::demo::bundled().context("preparing the bundled demo")?,
     };
-    let outcome = runtime()?.block_on(geogate::demo::run(config, |line| println!("{line}")))?;
+    let outcome =
+        runtime()?.block_on(geogate::cli::demo::run(config, |line| println!("{line}")))?;
     println!("{}", outcome.balance.line());
     println!("report: {}", outcome.report.display());
     Ok(if outcome.balance.balances() {
@@ -49,8 +50,8 @@ pub fn record(
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn synth(params: geogate::synth::ShiftChange, out: PathBuf) -> Result<ExitCode> {
-    let records = geogate::synth::shift_change(&params);
+pub fn synth(params: geogate::replay::synth::ShiftChange, out: PathBuf) -> Result<ExitCode> {
+    let records = geogate::replay::synth::shift_change(&params);
     let mut w =
         CaptureWriter::create(&out).with_context(|| format!("creating {}", out.display()))?;
     for r in &records {

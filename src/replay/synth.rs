@@ -16,8 +16,8 @@
 //! (`owntracks_share`), and a `malformed_share` are corrupted in one of
 //! several realistic ways. The same arguments always give the same bytes.
 
-use crate::capture::CaptureRecord;
 use crate::geofence::generate::SplitMix64;
+use crate::replay::capture::CaptureRecord;
 use serde::Serialize;
 
 /// Fix time of capture offset 0: 2026-03-02T05:00:00Z.

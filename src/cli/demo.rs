@@ -6,10 +6,10 @@
 //! config, the demo fences and the capture are compiled in ([`bundled`]);
 //! `--config` points the demo at files of one's own instead.
 
-use crate::accounting::Balance;
-use crate::capture;
 use crate::config::Config;
+use crate::pipeline::accounting::Balance;
 use crate::pipeline::{self, PipelineView};
+use crate::replay::capture;
 use crate::replay::{Pacing, replay_live};
 use crate::report::map::{Marker, Track, map_svg};
 use crate::report::{PALETTE, Series, html_page, html_table, line_chart};
@@ -31,9 +31,9 @@ pub enum DemoError {
 
 /// `config/geogate.toml`, compiled in: the demo's settings, and what
 /// `geogate config example` prints.
-pub const BUNDLED_CONFIG: &str = include_str!("../config/geogate.toml");
-const BUNDLED_FENCES: &str = include_str!("../config/fences.geojson");
-const BUNDLED_CAPTURE: &[u8] = include_bytes!("../replay/shift-change.ndjson.gz");
+pub const BUNDLED_CONFIG: &str = include_str!("../../config/geogate.toml");
+const BUNDLED_FENCES: &str = include_str!("../../config/fences.geojson");
+const BUNDLED_CAPTURE: &[u8] = include_bytes!("../../replay/shift-change.ndjson.gz");
 
 /// The compiled-in config, with the demo fences and capture written into
 /// its report directory (relative to the working directory) and its paths

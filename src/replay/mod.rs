@@ -1,9 +1,17 @@
 //! Recording captures from a broker, and replaying them: live (publishing
-//! with the original pacing, scaled) or virtually (through [`crate::sim`]).
+//! with the original pacing, scaled) or virtually (through [`sim`]).
+//!
+//! * [`capture`]: the NDJSON(.gz) capture format;
+//! * [`synth`]: deterministic shift-change captures;
+//! * [`sim`]: the virtual-time model behind `replay --virtual` and the labs.
 
-use crate::capture::{CaptureRecord, CaptureWriter};
+pub mod capture;
+pub mod sim;
+pub mod synth;
+
+use crate::replay::capture::{CaptureRecord, CaptureWriter};
+use crate::replay::sim::GateReport;
 use crate::report::{PALETTE, Series, html_page, html_table, line_chart};
-use crate::sim::GateReport;
 use indicatif::{ProgressBar, ProgressStyle};
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use std::path::Path;

@@ -5,8 +5,8 @@
 //! drain deadline passes.
 
 use super::Admitted;
-use crate::accounting::Accounting;
 use crate::geofence::{Evaluator, FenceIndex, FixOutcome, TransitionKind};
+use crate::pipeline::accounting::Accounting;
 use crate::sink::events::EventSink;
 use crate::sink::health::{SinkHealth, retry_until, wait_deadline};
 use crate::source::Completions;

@@ -1,26 +1,29 @@
 //! Wires the live pipeline together and runs it until shutdown:
 //! intake (MQTT) → router (decode, dedup, admission) → shard workers
 //! (geofences) → event sink, with every refusal in the dead letter and every
-//! message counted (see [`crate::accounting`]).
+//! message counted (see [`crate::pipeline::accounting`]).
 //!
 //! Shutdown: stop taking new messages (later ones stay unacked for
 //! redelivery), let the router finish what intake holds, let workers drain
 //! until the queues are empty or the drain deadline passes, ack everything
 //! finished, flush the sinks, and return the balance.
 
-use crate::accounting::{Accounting, Balance};
+pub mod accounting;
+pub mod shard;
+
 use crate::admission::{Admission, AdmissionPolicy, GateKind};
 use crate::clock::MonotonicClock;
 use crate::codec::Dedup;
 use crate::config::Config;
 use crate::geofence::{Evaluator, EvaluatorSettings, FenceErrors, FenceIndex, load_fences};
-use crate::shard::input::shaper_lane;
-use crate::shard::{self, DeadLetterMirror, Router, ShardInput, WorkerContext};
 use crate::sink::dead_letter::{DeadLetterSink, Recovery};
 use crate::sink::events::EventSink;
 use crate::source::Completions;
 use crate::source::mqtt::{self, Acker, IntakeControl, LiveConnection, poll::PollTask};
+use accounting::{Accounting, Balance};
 use rumqttc::AsyncClient;
+use shard::input::shaper_lane;
+use shard::{DeadLetterMirror, Router, ShardInput, WorkerContext};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -253,7 +256,6 @@ pub async fn run(
         registrations: registrations_tx,
         live,
         phase: control.watch(),
-        accounting: accounting.clone(),
     }));
     let view = PipelineView {
         accounting: accounting.clone(),

@@ -7,6 +7,7 @@
 //! valid UTF-8 is stored as `payload_base64` instead. Files ending in `.gz`
 //! are gzip-compressed transparently, both ways. Lines are in `t_ns` order.
 
+use crate::sink::payload::text_or_base64;
 use base64::Engine;
 use flate2::Compression;
 use flate2::read::MultiGzDecoder;
@@ -46,19 +47,6 @@ impl CaptureRecord {
                 .unwrap_or_default(),
             (None, None) => Vec::new(),
         }
-    }
-}
-
-/// A payload as JSON can carry it: `(Some(text), None)` when it is UTF-8,
-/// else `(None, Some(base64))`. Captures and dead letters both store
-/// payloads this way, so nothing is lost to an encoding.
-pub fn text_or_base64(payload: &[u8]) -> (Option<String>, Option<String>) {
-    match std::str::from_utf8(payload) {
-        Ok(s) => (Some(s.to_owned()), None),
-        Err(_) => (
-            None,
-            Some(base64::engine::general_purpose::STANDARD.encode(payload)),
-        ),
     }
 }
 

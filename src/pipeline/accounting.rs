@@ -29,9 +29,8 @@ struct RouterCounts {
     shed: AtomicU64,
     admitted: AtomicU64,
     /// Taken but never finished at shutdown: a refusal whose dead-letter
-    /// record could not be written before the drain deadline, or a message
-    /// in the poll task's hand when intake closed. Left unacked, so still
-    /// "in queue" for the balance.
+    /// record could not be written before the drain deadline. Left unacked,
+    /// so still "in queue" for the balance.
     abandoned: AtomicU64,
 }
 
@@ -44,7 +43,7 @@ struct WorkerCounts {
 
 #[derive(Debug, Default)]
 pub struct Accounting {
-    /// Written by the poll task.
+    /// Written by the router as it takes each message from the source.
     received: OwnLine<AtomicU64>,
     router: OwnLine<RouterCounts>,
     workers: OwnLine<WorkerCounts>,

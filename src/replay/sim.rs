@@ -16,11 +16,11 @@
 //! * percentiles are nearest-rank.
 
 use crate::admission::{Admission, AdmissionPolicy, GateSpec, Verdict};
-use crate::capture::CaptureRecord;
 use crate::clock::{NANOS_PER_SEC, Nanos};
 use crate::codec::{CodecSettings, Dedup, decode};
 use crate::model::Priority;
-use crate::shard::shard_of;
+use crate::pipeline::shard::shard_of;
+use crate::replay::capture::CaptureRecord;
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
 
