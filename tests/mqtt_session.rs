@@ -10,37 +10,10 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use support::geogate::{GeogateProcess, Message, Setup, native, publish_all, read_ndjson};
+use support::geogate::{
+    GeogateProcess, crossing_fixes, exclusive, publish_all, read_ndjson, setup, wait_until,
+};
 use support::proxy::{Finished, Proxy, SubackTamper};
-
-const T0: i64 = 1_750_000_000_000;
-
-/// These tests load the machine; one at a time.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn exclusive() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// `n` High fixes for `vehicles` vehicles, alternating between fences A
-/// and B, so every fix is exactly one `enter`. `first` numbers the batch.
-fn crossing_fixes(prefix: &str, vehicles: i64, first: i64, n: i64) -> Vec<Message> {
-    (first..first + n)
-        .map(|i| {
-            let (v, k) = (i % vehicles, i / vehicles);
-            native(
-                &format!("{prefix}{v}"),
-                T0 + 1000 * k,
-                50.005,
-                if k % 2 == 0 { 10.005 } else { 10.025 },
-                40.0,
-                "move",
-            )
-        })
-        .collect()
-}
 
 /// (vehicle, ts) of a native payload.
 fn fix_key(payload: &[u8]) -> Option<(String, i64)> {
@@ -84,15 +57,6 @@ fn metric(geogate: &GeogateProcess, name: &str) -> f64 {
     geogate.metrics().get(name).copied().unwrap_or(0.0)
 }
 
-/// Waits (≤ `secs`) until `cond` holds, polling every 50 ms.
-fn wait_until(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 fn enters_in(dir: &Path) -> Vec<(String, i64)> {
     read_ndjson(&dir.join("events.ndjson"))
         .iter()
@@ -104,18 +68,6 @@ fn enters_in(dir: &Path) -> Vec<(String, i64)> {
             )
         })
         .collect()
-}
-
-fn setup<'a>(port: u16, id: &'a str, pipeline: &'a str) -> Setup<'a> {
-    Setup {
-        broker_port: port,
-        embedded: false,
-        client_id: id,
-        extra_pipeline: pipeline,
-        gate: "kind = \"token\"\nrate = 1000\nburst = 100",
-        events_mqtt: false,
-        extra_mqtt: "",
-    }
 }
 
 #[test]

@@ -7,20 +7,11 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use support::geogate::{
-    GeogateProcess, Message, Setup, entered_fixes, enters, native, publish_all, read_ndjson,
+    GeogateProcess, Message, Setup, crossing_fix, entered_fixes, enters, exclusive, native,
+    publish_all, read_ndjson,
 };
 
 const T0: i64 = 1_750_000_000_000;
-
-/// These tests load the machine; run them one at a time so that each gets
-/// the rates it asks for.
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn exclusive() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 fn msg(topic: &str, payload: impl Into<Vec<u8>>) -> Message {
     (topic.to_owned(), payload.into())
@@ -304,16 +295,8 @@ fn broker_restarts_lose_no_high_event() {
         let stream: Vec<Message> = (0..600i64)
             .map(|i| {
                 let n = batch * 600 + i;
-                let (v, k) = (n % 20, n / 20);
-                published.insert((format!("r{v}"), T0 + 1000 * k));
-                native(
-                    &format!("r{v}"),
-                    T0 + 1000 * k,
-                    50.005,
-                    if k % 2 == 0 { 10.005 } else { 10.025 },
-                    40.0,
-                    "move",
-                )
+                published.insert((format!("r{}", n % 20), T0 + 1000 * (n / 20)));
+                crossing_fix("r", 20, n)
             })
             .collect();
         runtime.block_on(publish_all(broker.port, &stream, None));

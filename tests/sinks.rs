@@ -8,30 +8,9 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::time::{Duration, Instant};
-use support::geogate::{GeogateProcess, Message, Setup, native, publish_all, read_ndjson};
-
-const T0: i64 = 1_750_000_000_000;
-
-static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn exclusive() -> std::sync::MutexGuard<'static, ()> {
-    ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn setup<'a>(port: u16, id: &'a str, pipeline: &'a str) -> Setup<'a> {
-    Setup {
-        broker_port: port,
-        embedded: false,
-        client_id: id,
-        extra_pipeline: pipeline,
-        gate: "kind = \"token\"\nrate = 1000\nburst = 100",
-        events_mqtt: false,
-        extra_mqtt: "",
-    }
-}
+use support::geogate::{
+    GeogateProcess, Message, crossing_fixes, exclusive, publish_all, read_ndjson, setup, wait_until,
+};
 
 /// `n` payloads that are not JSON, numbered so each record can be found.
 fn malformed(n: usize, tag: &str) -> Vec<Message> {
@@ -43,14 +22,6 @@ fn malformed(n: usize, tag: &str) -> Vec<Message> {
             )
         })
         .collect()
-}
-
-fn wait_until(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 fn point(link: &Path, target: &Path) {
@@ -148,19 +119,7 @@ fn an_events_file_that_fails_then_recovers_loses_and_repeats_nothing() {
     point(&events, Path::new("/dev/full"));
     let geogate = GeogateProcess::start(dir.path(), &setup(broker.port, "ev-full", ""));
     // Every fix crosses into the other fence: one enter each.
-    let fixes: Vec<Message> = (0..30i64)
-        .map(|i| {
-            let (v, k) = (i % 3, i / 3);
-            native(
-                &format!("e{v}"),
-                T0 + 1000 * k,
-                50.005,
-                if k % 2 == 0 { 10.005 } else { 10.025 },
-                40.0,
-                "move",
-            )
-        })
-        .collect();
+    let fixes = crossing_fixes("e", 3, 0, 30);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(publish_all(broker.port, &fixes, None));
     wait_until(20, "the events file to fail twice", || {

@@ -11,6 +11,7 @@
 //! tail, reports it, and starts the next record on a fresh line: never fatal.
 
 use super::append_file::AppendFile;
+use super::health::SinkHealth;
 use crate::config::FsyncPolicy;
 use serde::{Deserialize, Serialize};
 use std::fs::File;
@@ -74,6 +75,7 @@ pub enum Recovery {
 
 pub struct DeadLetterSink {
     file: AppendFile,
+    health: std::sync::Arc<SinkHealth>,
     rotate_bytes: u64,
     fsync: FsyncPolicy,
     /// The record being written, until it is queued behind a successful
@@ -108,6 +110,7 @@ impl DeadLetterSink {
             file.write_unwritten()?;
         }
         let sink = Self {
+            health: std::sync::Arc::new(SinkHealth::new("dead_letter", path)),
             file,
             rotate_bytes,
             fsync,
@@ -119,6 +122,10 @@ impl DeadLetterSink {
 
     pub fn path(&self) -> &Path {
         self.file.path()
+    }
+
+    pub fn health(&self) -> std::sync::Arc<SinkHealth> {
+        self.health.clone()
     }
 
     /// Appends one record durably (per the fsync policy) before returning.

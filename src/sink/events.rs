@@ -8,6 +8,7 @@
 //! MQTT copy goes out once, after the file has them.
 
 use super::append_file::AppendFile;
+use super::health::SinkHealth;
 use crate::geofence::Transition;
 use rumqttc::{AsyncClient, QoS};
 use std::io;
@@ -19,6 +20,7 @@ pub struct EventSink {
     /// written by the next attempt of any of them, in order.
     file: Option<Mutex<AppendFile>>,
     mqtt: Option<AsyncClient>,
+    health: SinkHealth,
 }
 
 impl EventSink {
@@ -27,11 +29,13 @@ impl EventSink {
             Some(p) => Some(Mutex::new(AppendFile::open(p)?)),
             None => None,
         };
-        Ok(Self { file, mqtt })
+        let health = SinkHealth::new("events", path.unwrap_or(Path::new("(no file)")));
+        Ok(Self { file, mqtt, health })
     }
 
-    pub fn path(&self) -> Option<std::path::PathBuf> {
-        self.file.as_ref().map(|f| lock(f).path().to_owned())
+    /// Shared by every worker writing here.
+    pub fn health(&self) -> &SinkHealth {
+        &self.health
     }
 
     /// Appends one fix's transitions to the file. On error they stay

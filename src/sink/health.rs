@@ -5,16 +5,22 @@
 use crate::backoff::Backoff;
 use std::io;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
-/// One caller's view of one sink's health.
+/// One sink's health, shared by every caller that writes to it (the
+/// workers share the events file): the gauge is 0 while any of them is
+/// failing.
 pub struct SinkHealth {
     sink: &'static str,
     path: String,
     healthy: metrics::Gauge,
     failures: metrics::Counter,
-    failed_attempts: u64,
+    /// Callers inside [`retry_until`] right now.
+    failing: AtomicUsize,
+    /// Failed attempts since the sink last worked, for the log.
+    attempts: AtomicU64,
 }
 
 impl SinkHealth {
@@ -27,35 +33,36 @@ impl SinkHealth {
             path: path.display().to_string(),
             healthy,
             failures: metrics::counter!("geogate_sink_write_failures_total", "sink" => sink),
-            failed_attempts: 0,
+            failing: AtomicUsize::new(0),
+            attempts: AtomicU64::new(0),
         }
     }
 
-    fn failed(&mut self, e: &io::Error, wait: Duration) {
-        self.failed_attempts += 1;
+    fn failed(&self, e: &io::Error, wait: Duration) {
+        let attempt = self.attempts.fetch_add(1, Relaxed) + 1;
         self.failures.increment(1);
         self.healthy.set(0.0);
         // The first failure, then one line in ten: a sink that stays broken
         // is still visible without flooding the log.
-        if self.failed_attempts % 10 == 1 {
+        if attempt % 10 == 1 {
             tracing::error!(
-                "{} {}: {e}; its message stays unacked; attempt {} failed, retrying in {wait:?}",
+                "{} {}: {e}; its message stays unacked; attempt {attempt} failed, retrying in {wait:?}",
                 self.sink,
                 self.path,
-                self.failed_attempts
             );
         }
     }
 
-    fn recovered(&mut self) {
-        if self.failed_attempts > 0 {
+    /// A caller leaves its retry loop; the last one out of a working sink
+    /// turns the gauge back to 1.
+    fn leave(&self, recovered: bool) {
+        if self.failing.fetch_sub(1, Relaxed) == 1 && recovered {
+            let attempts = self.attempts.swap(0, Relaxed);
             tracing::info!(
-                "{} {} is writable again after {} failed attempts",
+                "{} {} is writable again after {attempts} failed attempts",
                 self.sink,
-                self.path,
-                self.failed_attempts
+                self.path
             );
-            self.failed_attempts = 0;
             self.healthy.set(1.0);
         }
     }
@@ -65,11 +72,12 @@ impl SinkHealth {
 /// (true) or the drain deadline passes (false: the caller leaves its
 /// message unacked for redelivery).
 pub async fn retry_until(
-    health: &mut SinkHealth,
+    health: &SinkHealth,
     deadline: &mut watch::Receiver<Option<Instant>>,
     first: io::Error,
     mut attempt: impl FnMut() -> io::Result<()>,
 ) -> bool {
+    health.failing.fetch_add(1, Relaxed);
     let mut backoff = Backoff::new();
     let mut error = first;
     loop {
@@ -77,11 +85,14 @@ pub async fn retry_until(
         health.failed(&error, wait);
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            _ = wait_deadline(deadline) => return false,
+            _ = wait_deadline(deadline) => {
+                health.leave(false);
+                return false;
+            }
         }
         match attempt() {
             Ok(()) => {
-                health.recovered();
+                health.leave(true);
                 return true;
             }
             Err(e) => error = e,

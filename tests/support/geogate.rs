@@ -431,3 +431,58 @@ pub fn enters(events: &[serde_json::Value]) -> std::collections::BTreeSet<(Strin
         })
         .collect()
 }
+
+/// Tests that load the machine take turns, so each gets the rates it asks
+/// for (one lock per test binary).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The usual setup against a broker on `port`: token gate, no MQTT events.
+pub fn setup<'a>(port: u16, id: &'a str, pipeline: &'a str) -> Setup<'a> {
+    Setup {
+        broker_port: port,
+        embedded: false,
+        client_id: id,
+        extra_pipeline: pipeline,
+        gate: "kind = \"token\"\nrate = 1000\nburst = 100",
+        events_mqtt: false,
+        extra_mqtt: "",
+    }
+}
+
+/// Waits (≤ `secs`) until `cond` holds, polling every 50 ms.
+pub fn wait_until(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Fix `i` of a stream of High fixes for `vehicles` vehicles named
+/// `{prefix}{n}`, alternating between fences A and B, so every fix of a
+/// vehicle after its first is one exit and one enter (its first, one
+/// enter).
+pub fn crossing_fix(prefix: &str, vehicles: i64, i: i64) -> Message {
+    let (v, k) = (i % vehicles, i / vehicles);
+    native(
+        &format!("{prefix}{v}"),
+        1_750_000_000_000 + 1000 * k,
+        50.005,
+        if k % 2 == 0 { 10.005 } else { 10.025 },
+        40.0,
+        "move",
+    )
+}
+
+/// Fixes `first..first + n` of [`crossing_fix`].
+pub fn crossing_fixes(prefix: &str, vehicles: i64, first: i64, n: i64) -> Vec<Message> {
+    (first..first + n)
+        .map(|i| crossing_fix(prefix, vehicles, i))
+        .collect()
+}

@@ -12,7 +12,7 @@ use crate::codec::{self, CodecSettings, Dedup, Reason};
 use crate::model::Priority;
 use crate::pipeline::accounting::Accounting;
 use crate::sink::dead_letter::{DeadLetter, DeadLetterSink};
-use crate::sink::health::{SinkHealth, retry_until};
+use crate::sink::health::retry_until;
 use crate::source::{AckToken, Completions, Envelope};
 use rumqttc::{AsyncClient, QoS};
 use std::sync::Arc;
@@ -75,7 +75,6 @@ impl<C: Clock + 'static> Router<C> {
 impl<C: Clock> Router<C> {
     /// Runs until intake closes; returns the dead-letter sink for a final sync.
     pub async fn run(mut self, mut intake: mpsc::Receiver<Envelope>) -> DeadLetterSink {
-        let mut health = SinkHealth::new("dead_letter", self.dead_letter.path());
         let received = metrics::counter!("geogate_events_received_total");
         let mut since_flush = 0;
         while let Some(item) = intake.recv().await {
@@ -83,7 +82,7 @@ impl<C: Clock> Router<C> {
             // intake channel at a crash was never counted, nor acked.
             self.accounting.received();
             received.increment(1);
-            self.route(item, &mut health).await;
+            self.route(item).await;
             since_flush += 1;
             if intake.is_empty() || since_flush >= BURST {
                 self.flush().await;
@@ -108,15 +107,15 @@ impl<C: Clock> Router<C> {
         reason: &'static str,
         record: DeadLetter,
         token: Option<AckToken>,
-        health: &mut SinkHealth,
     ) {
         if let Err(first) = self.dead_letter.write(&record) {
             // Admitted events waiting for a burst go to their workers now,
             // not after the outage.
             self.flush().await;
+            let health = self.dead_letter.health();
             let dead_letter = &mut self.dead_letter;
             let written =
-                retry_until(health, &mut self.deadline, first, || dead_letter.retry()).await;
+                retry_until(&health, &mut self.deadline, first, || dead_letter.retry()).await;
             if !written {
                 // Shutdown came first: not written, so not finished; the
                 // broker redelivers it after the restart.
@@ -150,11 +149,7 @@ impl<C: Clock> Router<C> {
 
     /// Routes one message; returns the verdict for an admitted fix (for
     /// tests that compare the live path with the virtual replay).
-    pub(crate) async fn route(
-        &mut self,
-        item: Envelope,
-        health: &mut SinkHealth,
-    ) -> Option<Verdict> {
+    pub(crate) async fn route(&mut self, item: Envelope) -> Option<Verdict> {
         let decoded = codec::decode(&item.topic, &item.payload, &self.codec).and_then(|t| {
             if self.dedup.first_sighting(&t.vehicle, t.fix_time_ms) {
                 Ok(t)
@@ -181,7 +176,6 @@ impl<C: Clock> Router<C> {
                     reason.as_str(),
                     record,
                     item.token,
-                    health,
                 )
                 .await;
                 return None;
@@ -246,7 +240,6 @@ impl<C: Clock> Router<C> {
             "shed",
             record,
             item.token,
-            health,
         )
         .await;
         Some(verdict)
@@ -322,7 +315,6 @@ mod tests {
             clock: clock.clone(),
             deadline,
         };
-        let mut health = SinkHealth::new("dead_letter", &dir.path().join("dl.ndjson"));
         if records.len() != steps.len() {
             return Err(format!("{} records, {} steps", records.len(), steps.len()));
         }
@@ -351,7 +343,7 @@ mod tests {
             let verdict = if step.fill >= capacity {
                 // Decided at the full queue; a High event then waits until
                 // the head starts, as the replay moved time to that start.
-                let (verdict, _) = tokio::join!(router.route(envelope, &mut health), async {
+                let (verdict, _) = tokio::join!(router.route(envelope), async {
                     tokio::task::yield_now().await;
                     if step.verdict == Verdict::Enqueue {
                         rx.recv().await;
@@ -359,7 +351,7 @@ mod tests {
                 });
                 verdict
             } else {
-                router.route(envelope, &mut health).await
+                router.route(envelope).await
             };
             if verdict != Some(step.verdict) {
                 return Err(format!(

@@ -8,10 +8,9 @@ use super::Admitted;
 use crate::geofence::{Evaluator, FenceIndex, FixOutcome, TransitionKind};
 use crate::pipeline::accounting::Accounting;
 use crate::sink::events::EventSink;
-use crate::sink::health::{SinkHealth, retry_until, wait_deadline};
+use crate::sink::health::{retry_until, wait_deadline};
 use crate::source::Completions;
 use metrics::Histogram;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
@@ -45,11 +44,6 @@ pub async fn worker(
     let latency: Histogram = metrics::histogram!("geogate_end_to_end_latency_seconds");
     let transitions_metric = [TransitionKind::Enter, TransitionKind::Exit]
         .map(|k| metrics::counter!("geogate_fence_transitions_total", "kind" => k.as_str()));
-    let events_path = ctx.events.path();
-    let mut health = SinkHealth::new(
-        "events",
-        events_path.as_deref().unwrap_or(Path::new("(none)")),
-    );
     let pace =
         (ctx.sustained_rate > 0.0).then(|| Duration::from_secs_f64(1.0 / ctx.sustained_rate));
     let mut next_slot = Instant::now();
@@ -99,7 +93,8 @@ pub async fn worker(
             eval_time.record(started.elapsed().as_secs_f64());
             if let Err(first) = ctx.events.write(&transitions) {
                 let events = &ctx.events;
-                if !retry_until(&mut health, &mut ctx.deadline, first, || events.retry()).await {
+                if !retry_until(events.health(), &mut ctx.deadline, first, || events.retry()).await
+                {
                     // Shutdown came first: this fix and the rest stay
                     // unacked and come back after the restart.
                     break 'batches;
