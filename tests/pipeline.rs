@@ -10,7 +10,7 @@ use geogate::model::Priority;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use support::geogate::{
-    GeogateProcess, Message, Setup, entered_fixes, native, publish_all, read_ndjson,
+    GeogateProcess, Message, Setup, entered_fixes, native, publish_all, read_ndjson, wait_until,
 };
 
 const T0: i64 = 1_750_000_000_000;
@@ -83,6 +83,14 @@ fn check_known_stream(broker_port: u16, embedded: bool, extra_mqtt: &str) {
     runtime.block_on(publish_all(broker_port, &rest, None));
     let total = (burst.len() + rest.len()) as f64;
     geogate.wait_processed(total, 60);
+    // What the subscription QoS changes: QoS 1 acks every message (after
+    // it is finished); QoS 0 has nothing to ack.
+    let acked = || geogate.series(r#"geogate_mqtt_acks_total{outcome="acked"}"#);
+    if extra_mqtt.contains("subscribe_qos = 0") {
+        assert_eq!(acked(), 0.0, "QoS 0 acks nothing");
+    } else {
+        wait_until(20, "every message acked", || acked() == total);
+    }
     let (ok, stdout) = geogate.terminate();
     assert!(ok, "geogate exits 0 after SIGTERM: {stdout}");
 
