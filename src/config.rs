@@ -215,6 +215,10 @@ pub struct DeadLetterConfig {
     pub path: PathBuf,
     #[serde(default = "defaults::rotate_bytes")]
     pub rotate_bytes: u64,
+    /// Rotated files kept (`<path>.1` newest … `<path>.N` oldest); records
+    /// in a file rotated past N are deleted and counted.
+    #[serde(default = "defaults::rotate_keep")]
+    pub rotate_keep: u32,
     #[serde(default = "defaults::fsync")]
     pub fsync: FsyncPolicy,
     /// Optionally also publish each record (QoS 1) to this topic.
@@ -277,6 +281,9 @@ mod defaults {
     }
     pub fn rotate_bytes() -> u64 {
         64 * 1024 * 1024
+    }
+    pub fn rotate_keep() -> u32 {
+        5
     }
     pub fn fsync() -> FsyncPolicy {
         FsyncPolicy::Flush
@@ -430,6 +437,12 @@ impl Config {
         }
         if !(self.codec.idle_speed_kmh.is_finite() && self.codec.idle_speed_kmh >= 0.0) {
             problem("codec.idle_speed_kmh", "must be a finite number ≥ 0".into());
+        }
+        if self.dead_letter.rotate_keep == 0 {
+            problem(
+                "dead_letter.rotate_keep",
+                "must be ≥ 1: rotation moves the full file to <path>.1".into(),
+            );
         }
         if self.dead_letter.rotate_bytes < 4096 {
             problem("dead_letter.rotate_bytes", "must be ≥ 4096".into());

@@ -43,6 +43,7 @@ pub fn register_zero_series(shards: usize, gate: &'static str) {
         "geogate_mqtt_reconnects_total",
         "geogate_mqtt_left_for_redelivery_total",
         "geogate_fixes_out_of_order_total",
+        "geogate_dead_letter_records_deleted_total",
     ] {
         metrics::counter!(name).increment(0);
     }
@@ -87,7 +88,7 @@ fn describe() {
     describe_counter!(
         "geogate_events_received_total",
         Unit::Count,
-        "Messages taken from the broker into the pipeline."
+        "Messages the router has taken from the source (the received term of the accounting line)."
     );
     describe_counter!(
         "geogate_events_invalid_total",
@@ -188,6 +189,11 @@ fn describe() {
         "geogate_mqtt_acks_total",
         Unit::Count,
         "Finished QoS 1 messages by outcome: acked on their own connection, or withheld (their connection is gone, or a later copy with the same packet id carries the ack)."
+    );
+    describe_counter!(
+        "geogate_dead_letter_records_deleted_total",
+        Unit::Count,
+        "Dead-letter records deleted because their file was rotated past dead_letter.rotate_keep."
     );
     describe_gauge!(
         "geogate_sink_healthy",

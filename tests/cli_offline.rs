@@ -166,4 +166,13 @@ fn run_without_a_config_says_how_to_start_and_the_example_is_valid() {
         std::fs::read_to_string("config/geogate.toml").unwrap()
     );
     assert!(geogate::config::Config::parse(&text).is_ok());
+    let fences = geogate(&["fences", "example"]);
+    assert!(fences.status.success());
+    let fences = String::from_utf8(fences.stdout).unwrap();
+    assert_eq!(
+        fences,
+        std::fs::read_to_string("config/fences.geojson").unwrap()
+    );
+    let parsed = geogate::geofence::parse_fences(&fences).expect("valid fences");
+    assert_eq!(parsed.len(), 11);
 }

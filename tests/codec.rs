@@ -166,6 +166,12 @@ fn every_bad_input_gets_its_reason() {
             br#"{"foo":1}"#.to_vec(),
             Reason::UnknownFormat,
         ),
+        // An OwnTracks topic names a phone, not a fleet vehicle.
+        (
+            "owntracks/ann/phone",
+            br#"{"ts":1700000000000,"lat":1,"lon":1}"#.to_vec(),
+            Reason::MissingField,
+        ),
         (
             "fleet/v/telemetry",
             br#"{"_type":"waypoint","lat":1,"lon":1}"#.to_vec(),
@@ -196,7 +202,9 @@ fn every_bad_input_gets_its_reason() {
     ];
     for (topic, payload, reason) in cases {
         let err = decode(topic, &payload, &s).expect_err(&String::from_utf8_lossy(&payload));
-        if reason == Reason::MissingField && topic.contains("//") {
+        if reason == Reason::MissingField
+            && (topic.contains("//") || topic.starts_with("owntracks"))
+        {
             assert!(
                 err.detail.starts_with("vehicle:"),
                 "names the vehicle: {}",

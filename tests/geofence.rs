@@ -471,6 +471,36 @@ fn float_noise_at_the_antimeridian_and_poles_is_clamped_with_a_warning() {
         "{err}"
     );
 
+    // Natural Earth's Antarctica: a polar cap closed along -90° from +180
+    // to -180, an edge 360° long that is not a crossing.
+    let antarctica = json!([poly(
+        "aq",
+        json!([[
+            [-180, -80],
+            [180, -80],
+            [180, -90],
+            [-180, -90],
+            [-180, -80]
+        ]])
+    )]);
+    let doc = json!({"type": "FeatureCollection", "features": antarctica});
+    let idx = FenceIndex::new(parse_fences(&doc.to_string()).expect("a polar cap loads"));
+    assert_eq!(covering(&idx, 0.0, -85.0), ["aq"]);
+    assert_eq!(covering(&idx, 179.9, -89.0), ["aq"]);
+    assert!(covering(&idx, 0.0, -70.0).is_empty());
+
+    // Continued past 180° instead of cut: refused, naming the rule.
+    let past = json!([poly(
+        "past",
+        json!([[[170, 0], [190, 0], [190, 10], [170, 10], [170, 0]]])
+    )]);
+    let doc = json!({"type": "FeatureCollection", "features": past});
+    let err = parse_fences(&doc.to_string()).unwrap_err().to_string();
+    assert!(
+        err.contains("out of range") && err.contains("antimeridian"),
+        "{err}"
+    );
+
     // Unsplit across ±180°: refused, with the rule.
     let unsplit = json!([poly(
         "pacific",

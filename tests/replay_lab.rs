@@ -328,13 +328,24 @@ fn demo_runs_end_to_end_on_a_small_capture() {
     assert!(stdout.contains("queues s0"), "live progress was shown");
     // The map: fences (circles as circles), tracks, enter/exit markers.
     let map = std::fs::read_to_string(dir.path().join("report/map.svg")).unwrap();
-    assert!(
-        map.matches("<circle").count() >= 7,
-        "circle fences drawn as circles"
+    assert!(report.contains(&map[..200]), "the map is in the page");
+    use geogate::report::map::{ENTER, EXIT, FENCE};
+    let markers = |fill: &str| map.matches(&format!(r#"r="4" fill="{fill}""#)).count();
+    assert_eq!(
+        map.matches(&format!(r#"fill="{FENCE}" fill-opacity="0.15""#))
+            .count(),
+        12,
+        "every part of the 11 demo fences is drawn (city-centre has two)"
     );
+    assert_eq!(
+        map.matches("<circle").count() - markers(ENTER) - markers(EXIT),
+        7,
+        "the 7 circular fences are drawn as circles"
+    );
+    // One of each colour is the legend's.
     assert!(
-        report.contains(&map.trim_end().replace("\n", "")[..200]),
-        "the map is in the page"
+        markers(ENTER) > 1 && markers(EXIT) > 1,
+        "enter and exit markers"
     );
 
     // In a real browser: no console output, and the map's own colours on
@@ -345,10 +356,21 @@ fn demo_runs_end_to_end_on_a_small_capture() {
         return;
     };
     assert!(page.console.is_empty(), "console: {:?}", page.console);
+    // The console check can fail: a page that logs an error is caught.
+    let noisy = dir.path().join("noisy.html");
+    std::fs::write(
+        &noisy,
+        "<html><body><script>console.error('x')</script></body></html>",
+    )
+    .unwrap();
+    let caught = support::browser::check_page(&noisy, 200, 200).expect("chromium ran above");
+    assert_eq!(caught.console.len(), 1, "{:?}", caught.console);
+    // The legend is drawn translucent: only the map itself has these exact
+    // colours.
     for (what, colour, at_least) in [
-        ("fence outlines", geogate::report::map::FENCE, 200),
-        ("enter markers", geogate::report::map::ENTER, 20),
-        ("exit markers", geogate::report::map::EXIT, 20),
+        ("fence outlines", FENCE, 200),
+        ("enter markers", ENTER, 20),
+        ("exit markers", EXIT, 20),
     ] {
         let n = page.count_colour(colour);
         assert!(

@@ -32,7 +32,9 @@ pub enum DemoError {
 /// `config/geogate.toml`, compiled in: the demo's settings, and what
 /// `geogate config example` prints.
 pub const BUNDLED_CONFIG: &str = include_str!("../../config/geogate.toml");
-const BUNDLED_FENCES: &str = include_str!("../../config/fences.geojson");
+/// `config/fences.geojson`, compiled in: the demo's fences, and what
+/// `geogate fences example` prints.
+pub const BUNDLED_FENCES: &str = include_str!("../../config/fences.geojson");
 const BUNDLED_CAPTURE: &[u8] = include_bytes!("../../replay/shift-change.ndjson.gz");
 
 /// The compiled-in config, with the demo fences and capture written into
@@ -41,11 +43,15 @@ const BUNDLED_CAPTURE: &[u8] = include_bytes!("../../replay/shift-change.ndjson.
 pub fn bundled() -> Result<Config, DemoError> {
     let mut config = Config::parse(BUNDLED_CONFIG).map_err(|e| DemoError::Setup(e.to_string()))?;
     let dir = config.demo.report_dir.clone();
-    std::fs::create_dir_all(&dir)?;
-    config.fences.path = dir.join("fences.geojson");
-    std::fs::write(&config.fences.path, BUNDLED_FENCES)?;
-    config.demo.capture = dir.join("shift-change.ndjson.gz");
-    std::fs::write(&config.demo.capture, BUNDLED_CAPTURE)?;
+    let write = |name: &str, bytes: &[u8]| {
+        let path = dir.join(name);
+        std::fs::create_dir_all(&dir)
+            .and_then(|_| std::fs::write(&path, bytes))
+            .map(|_| path.clone())
+            .map_err(|e| DemoError::Setup(format!("writing {}: {e}", path.display())))
+    };
+    config.fences.path = write("fences.geojson", BUNDLED_FENCES.as_bytes())?;
+    config.demo.capture = write("shift-change.ndjson.gz", BUNDLED_CAPTURE)?;
     Ok(config)
 }
 
@@ -243,14 +249,23 @@ fn draw_map(
         })
         .collect();
     let mut at = std::collections::HashMap::new();
+    let mut fixes: Vec<Vec<(i64, f64, f64)>> = vec![Vec::new(); tracks.len()];
     for r in records {
         let Ok(fix) = crate::codec::decode(&r.topic, &r.payload_bytes(), codec) else {
             continue;
         };
-        if let Some(track) = tracks.iter_mut().find(|t| *t.vehicle == *fix.vehicle) {
-            track.points.push((fix.lon, fix.lat));
-            at.insert((track.vehicle.clone(), fix.fix_time_ms), (fix.lon, fix.lat));
+        if let Some(i) = tracks.iter().position(|t| *t.vehicle == *fix.vehicle) {
+            fixes[i].push((fix.fix_time_ms, fix.lon, fix.lat));
+            at.insert(
+                (tracks[i].vehicle.clone(), fix.fix_time_ms),
+                (fix.lon, fix.lat),
+            );
         }
+    }
+    // Drawn in fix-time order: buffered pings arrive late.
+    for (track, mut fixes) in tracks.iter_mut().zip(fixes) {
+        fixes.sort_by_key(|&(t, _, _)| t);
+        track.points = fixes.into_iter().map(|(_, lon, lat)| (lon, lat)).collect();
     }
     let markers: Vec<Marker> = transitions
         .iter()

@@ -118,8 +118,13 @@ pub fn decode(
     } else if wire.owntracks_type.is_none()
         && (wire.ts.is_some() || wire.lat.is_some() || wire.lon.is_some())
     {
-        // A native fix without its vehicle field: the topic may name it.
-        let vehicle = topic_vehicle(topic, settings, "not in the payload, and the topic")?;
+        // A native fix without its vehicle field (or with `null`, which the
+        // codec reads as absent everywhere): a `{vehicle}` topic may name it.
+        let vehicle = topic_vehicle(
+            topic,
+            settings.topic_patterns.iter().filter(|p| p.names_vehicle()),
+            "not in the payload, and the topic",
+        )?;
         native(vehicle, wire, settings)
     } else {
         match &wire.owntracks_type {
@@ -158,14 +163,12 @@ fn not_telemetry(payload: &[u8], e: serde_json::Error) -> DecodeError {
 }
 
 /// The vehicle a topic pattern names, or `missing_field` saying why not.
-fn topic_vehicle(
+fn topic_vehicle<'p>(
     topic: &str,
-    settings: &CodecSettings,
+    mut patterns: impl Iterator<Item = &'p TopicPattern>,
     context: &str,
 ) -> Result<VehicleId, DecodeError> {
-    let vehicle = settings
-        .topic_patterns
-        .iter()
+    let vehicle = patterns
         .find_map(|p| p.vehicle(topic))
         .ok_or_else(|| {
             DecodeError::new(
@@ -211,7 +214,11 @@ fn native(
 }
 
 fn owntracks(topic: &str, wire: Wire, settings: &CodecSettings) -> Result<Telemetry, DecodeError> {
-    let vehicle = topic_vehicle(topic, settings, "OwnTracks names it by topic, and")?;
+    let vehicle = topic_vehicle(
+        topic,
+        settings.topic_patterns.iter(),
+        "OwnTracks names it by topic, and",
+    )?;
     let tst = integer(wire.tst, "tst")?;
     let fix_time_ms = fix_time(tst.checked_mul(1000).unwrap_or(i64::MAX), "tst")?;
     let (lat, lon) = position(wire.lat, wire.lon)?;

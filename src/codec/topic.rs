@@ -47,6 +47,13 @@ impl From<TopicPattern> for String {
 }
 
 impl TopicPattern {
+    /// Whether the pattern has a `{vehicle}` placeholder: only such a topic
+    /// may stand in for a native payload's missing `vehicle` (an OwnTracks
+    /// `{user}/{device}` topic names a phone, not a fleet id).
+    pub fn names_vehicle(&self) -> bool {
+        self.raw.contains("{vehicle}")
+    }
+
     /// The vehicle id the topic names, or `None` when it does not match.
     pub fn vehicle<'t>(&self, topic: &'t str) -> Option<String> {
         let mut parts = topic.split('/');

@@ -377,8 +377,13 @@ fn coordinate(pos: &Position, label: &str, problems: &mut Findings) -> Option<Co
     }
     let within = |v: f64, limit: f64| v.abs() <= limit + COORDINATE_NOISE_DEG;
     if !within(x, 180.0) || !within(y, 90.0) {
+        let hint = if within(y, 90.0) && x.abs() <= 360.0 {
+            "; a polygon that crosses the antimeridian is cut at ±180° into a MultiPolygon, not continued past it"
+        } else {
+            ""
+        };
         problems.push(format!(
-            "{label}: coordinate [{x}, {y}] out of range (lon ±180, lat ±90)"
+            "{label}: coordinate [{x}, {y}] out of range (lon ±180, lat ±90){hint}"
         ));
         return None;
     }
@@ -422,9 +427,16 @@ fn validate_ring(
         ));
         return None;
     }
+    // An edge along a pole (both ends at ±90°) or along the cut itself
+    // (both at ±180°) may span the whole map: Natural Earth closes
+    // Antarctica with [180,-90] → [-180,-90]. Any other edge longer than
+    // 180° of longitude is a polygon that crosses the antimeridian unsplit.
+    let along_a_pole_or_the_cut = |a: Coord<f64>, b: Coord<f64>| {
+        (a.y.abs() == 90.0 && b.y.abs() == 90.0) || (a.x.abs() == 180.0 && b.x.abs() == 180.0)
+    };
     if let Some(i) = coords
         .windows(2)
-        .position(|w| (w[1].x - w[0].x).abs() > 180.0)
+        .position(|w| (w[1].x - w[0].x).abs() > 180.0 && !along_a_pole_or_the_cut(w[0], w[1]))
     {
         problems.push(format!(
             "{label}: edge {i} spans {:.1}° of longitude; a polygon that crosses the antimeridian must be cut at ±180° into a MultiPolygon (RFC 7946 §3.1.9), as Natural Earth does",

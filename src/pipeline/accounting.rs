@@ -2,7 +2,9 @@
 //!
 //! `received = invalid + shed + evaluated + out_of_order + in_queue`
 //!
-//! `received` counts messages taken from the broker into the pipeline;
+//! `received` counts messages the router has taken from the source (a
+//! message still in the intake channel is not yet received, and not yet
+//! acked: `geogate_mqtt_unacked` counts it);
 //! `invalid` those refused by the codec (duplicates included); `shed` those a
 //! gate refused; `evaluated` those the geofence engine applied;
 //! `out_of_order` fixes older than their vehicle's last applied fix, which

@@ -137,6 +137,7 @@ pub async fn run(
 
     let dl = &config.dead_letter;
     let (dead_letter, recovery) = DeadLetterSink::open(&dl.path, dl.rotate_bytes, dl.fsync)
+        .map(|(sink, recovery)| (sink.keeping(dl.rotate_keep), recovery))
         .map_err(|source| PipelineError::DeadLetter {
             path: dl.path.display().to_string(),
             source,

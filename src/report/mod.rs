@@ -37,7 +37,10 @@ pub fn line_chart(
     guide: Option<(f64, &str)>,
 ) -> String {
     let (w, h, left, right, top, bottom) = (760.0, 340.0, 64.0, 170.0, 36.0, 44.0);
-    let all = series.iter().flat_map(|s| s.points.iter());
+    // Non-finite points cannot be drawn (and would write "NaN" into the
+    // path): they are left out.
+    let finite = |&&(x, y): &&(f64, f64)| x.is_finite() && y.is_finite();
+    let all = series.iter().flat_map(|s| s.points.iter()).filter(finite);
     let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64);
     for &(x, y) in all {
         x0 = x0.min(x);
@@ -53,8 +56,10 @@ pub fn line_chart(
     if x1 <= x0 {
         x1 = x0 + 1.0;
     }
-    // Round ticks: a 1-2-5 step, and the y axis ends on a tick.
-    let y_step = nice_step(if y1 <= 0.0 { 1.0 } else { y1 } / 4.0);
+    // Round ticks: a 1-2-5 step (at least 1: the charts plot counts and
+    // percentages), and the y axis ends on a tick. Negative values are not
+    // charted here (the axis starts at 0).
+    let y_step = nice_step(y1 / 4.0).max(1.0);
     let y1 = (y1 / y_step).ceil().max(1.0) * y_step;
     let x_step = nice_step((x1 - x0) / 5.0);
     let px = |x: f64| left + (x - x0) / (x1 - x0) * (w - left - right);
@@ -126,7 +131,7 @@ pub fn line_chart(
     }
     for (i, s) in series.iter().enumerate() {
         let mut d = String::new();
-        for (j, &(x, y)) in s.points.iter().enumerate() {
+        for (j, &(x, y)) in s.points.iter().filter(finite).enumerate() {
             let _ = write!(
                 d,
                 "{}{:.1},{:.1}",
@@ -167,6 +172,20 @@ pub fn nice_step(raw: f64) -> f64 {
         .map(|m| m * magnitude)
         .find(|&s| s >= raw * (1.0 - 1e-9))
         .unwrap_or(10.0 * magnitude)
+}
+
+/// The largest 1, 2 or 5 × 10^k at most `raw` (a scale bar that fits).
+pub fn nice_step_below(raw: f64) -> f64 {
+    let up = nice_step(raw);
+    if up <= raw * (1.0 + 1e-9) {
+        return up;
+    }
+    let magnitude = 10f64.powf(raw.log10().floor());
+    [5.0, 2.0, 1.0]
+        .iter()
+        .map(|m| m * magnitude)
+        .find(|&s| s <= raw * (1.0 + 1e-9))
+        .unwrap_or(magnitude)
 }
 
 /// Multiples of `step` from the first at or after `from` to `to`.

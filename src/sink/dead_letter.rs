@@ -5,7 +5,10 @@
 //! A record holds the receive time, topic, reason, detail, shard (when one
 //! was chosen) and the original payload: as a string when it is valid UTF-8,
 //! otherwise base64 under `payload_base64`. The file rotates to `<path>.1`
-//! (replacing an older one) when it would exceed `rotate_bytes`.
+//! when it would exceed `rotate_bytes`, older rotations moving up to
+//! `<path>.N` (`rotate_keep`); the records of a file pushed past N are
+//! deleted, and counted (`geogate_dead_letter_records_deleted_total`), so
+//! what rotation drops is never silent.
 //!
 //! A crash can tear the last line. [`DeadLetterSink::open`] detects a torn
 //! tail, reports it, and starts the next record on a fresh line: never fatal.
@@ -81,6 +84,10 @@ pub struct DeadLetterSink {
     /// The record being written, until it is queued behind a successful
     /// rotation check (a failed rotation keeps it here for the retry).
     pending: Option<Vec<u8>>,
+    /// Rotated files kept.
+    keep: u32,
+    /// Records deleted by rotation so far.
+    deleted: u64,
     /// The last record, written but not yet synced as the policy asks.
     /// After a failed fsync the descriptor is dropped and its dirty pages
     /// may be gone, so the record is written again before the next fsync.
@@ -116,12 +123,25 @@ impl DeadLetterSink {
             fsync,
             pending: None,
             unsynced: None,
+            keep: 1,
+            deleted: 0,
         };
         Ok((sink, recovery))
     }
 
     pub fn path(&self) -> &Path {
         self.file.path()
+    }
+
+    /// Keeps `keep` rotated files (at least 1) instead of one.
+    pub fn keeping(mut self, keep: u32) -> Self {
+        self.keep = keep.max(1);
+        self
+    }
+
+    /// Records deleted by rotation since open.
+    pub fn deleted_records(&self) -> u64 {
+        self.deleted
     }
 
     pub fn health(&self) -> std::sync::Arc<SinkHealth> {
@@ -141,15 +161,18 @@ impl DeadLetterSink {
 
     /// Finishes what an earlier [`Self::write`] could not.
     pub fn retry(&mut self) -> io::Result<()> {
-        if let Some(line) = &self.pending {
+        if let Some(len) = self.pending.as_ref().map(Vec::len) {
             if !self.file.is_empty()
                 && !self.file.has_unwritten()
-                && self.file.len() + line.len() as u64 > self.rotate_bytes
+                && self.file.len() + len as u64 > self.rotate_bytes
             {
-                self.file.rotate(&rotated_path(self.file.path()))?;
+                self.make_room_for_rotation()?;
+                self.file.rotate(&rotated_path(self.file.path(), 1))?;
             }
-            self.file.queue(line);
-            self.unsynced = self.pending.take();
+            if let Some(line) = self.pending.take() {
+                self.file.queue(&line);
+                self.unsynced = Some(line);
+            }
         }
         // One write call per record: a crash tears at most this line.
         self.file.write_unwritten()?;
@@ -166,6 +189,31 @@ impl DeadLetterSink {
         Ok(())
     }
 
+    /// Moves `<path>.k` to `<path>.k+1` from the oldest down, deleting
+    /// (and counting) the one that would pass `keep`. Safe to run again
+    /// after a failure part-way: missing files are skipped.
+    fn make_room_for_rotation(&mut self) -> io::Result<()> {
+        let base = self.file.path().to_owned();
+        let oldest = rotated_path(&base, self.keep);
+        match std::fs::read(&oldest) {
+            Ok(bytes) => {
+                std::fs::remove_file(&oldest)?;
+                let records = bytes.iter().filter(|&&b| b == b'\n').count() as u64;
+                self.deleted += records;
+                metrics::counter!("geogate_dead_letter_records_deleted_total").increment(records);
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        for k in (1..self.keep).rev() {
+            match std::fs::rename(rotated_path(&base, k), rotated_path(&base, k + 1)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Forgets a record shutdown gave up on (its message stays unacked).
     pub fn discard_unwritten(&mut self) {
         self.pending = None;
@@ -179,10 +227,10 @@ impl DeadLetterSink {
     }
 }
 
-/// `<path>.1`, where a full file is moved on rotation.
-pub fn rotated_path(path: &Path) -> PathBuf {
+/// `<path>.k`: rotation `k`, 1 the newest.
+pub fn rotated_path(path: &Path, k: u32) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
-    name.push(".1");
+    name.push(format!(".{k}"));
     PathBuf::from(name)
 }
 
@@ -281,11 +329,13 @@ mod tests {
     }
 
     #[test]
-    fn rotates_by_size_without_losing_records() {
+    fn rotation_keeps_rotate_keep_files_and_counts_what_it_deletes() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("dl.ndjson");
-        let (mut sink, _) = DeadLetterSink::open(&path, 4096, FsyncPolicy::Flush).unwrap();
-        for i in 0..100 {
+        let (sink, _) = DeadLetterSink::open(&path, 4096, FsyncPolicy::Flush).unwrap();
+        let mut sink = sink.keeping(2);
+        // About 70 records a file: five rotations, three files deleted.
+        for i in 0..400 {
             sink.write(&DeadLetter::new(
                 i,
                 "t",
@@ -295,14 +345,23 @@ mod tests {
             ))
             .unwrap();
         }
-        let (now, _) = read_records(&path).unwrap();
-        let (old, _) = read_records(&rotated_path(&path)).unwrap();
-        assert!(std::fs::metadata(&path).unwrap().len() <= 4096);
-        assert_eq!(now.last().unwrap().received_ms, 99);
-        assert_eq!(
-            old.last().unwrap().received_ms + 1,
-            now[0].received_ms,
-            "contiguous across rotation"
+        let read = |p: &Path| read_records(p).unwrap().0;
+        let (newest, one, two) = (
+            read(&path),
+            read(&rotated_path(&path, 1)),
+            read(&rotated_path(&path, 2)),
         );
+        assert!(!rotated_path(&path, 3).exists(), "only rotate_keep files");
+        assert!(std::fs::metadata(&path).unwrap().len() <= 4096);
+        let kept: Vec<i64> = [&two, &one, &newest]
+            .iter()
+            .flat_map(|f| f.iter().map(|r| r.received_ms))
+            .collect();
+        // Contiguous and ending at the last record; all the older ones
+        // are exactly the ones counted as deleted.
+        assert_eq!(kept.last(), Some(&399));
+        assert!(kept.windows(2).all(|w| w[1] == w[0] + 1), "contiguous");
+        assert_eq!(sink.deleted_records(), kept[0] as u64);
+        assert!(sink.deleted_records() > 0, "rotation deleted something");
     }
 }

@@ -39,7 +39,10 @@ pub fn check_page(page: &Path, width: u32, height: u32) -> Option<PageCheck> {
     let profile = tempfile::tempdir().expect("profile dir");
     let shot = profile.path().join("shot.png");
     let url = format!("file://{}", page.canonicalize().expect("page").display());
-    let out = Command::new(chromium)
+    // Bounded: a browser that hangs fails the test instead of stalling CI.
+    let out = Command::new("timeout")
+        .arg("120")
+        .arg(chromium)
         .args([
             "--headless",
             "--no-sandbox",

@@ -164,8 +164,9 @@ impl Handoff {
             });
         }
         if tx.send(item).await.is_err() {
-            // The router is gone (shutdown): never received, never acked.
+            // The router is gone: never received, never acked.
             self.left_for_redelivery.increment(1);
+            tracing::warn!("intake closed while a message was in hand; left for redelivery");
         }
     }
 }

@@ -13,8 +13,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-// The command bodies live beside the library's CLI code, in the binary.
-#[path = "cli/commands.rs"]
 mod commands;
 
 #[derive(Parser)]
@@ -229,12 +227,18 @@ enum FencesCommand {
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
     },
+    /// Print the demo fences (GeoJSON: polygons, a MultiPolygon, circles).
+    Example,
 }
 
 fn main() -> Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
         Command::Fences(FencesCommand::Check { file, format }) => fences_check(file, format),
+        Command::Fences(FencesCommand::Example) => {
+            print!("{}", geogate::cli::demo::BUNDLED_FENCES);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Run {
             config,
             embedded_broker,
@@ -357,7 +361,7 @@ fn run(config_path: Option<PathBuf>, embedded_broker: bool) -> Result<ExitCode> 
     use geogate::config::Config;
     let Some(config_path) = config_path else {
         eprintln!(
-            "geogate run needs a config: `geogate config example > geogate.toml` writes a commented one to edit (broker, topics, fences), then `geogate run --config geogate.toml`; or try `geogate demo`, which needs nothing"
+            "geogate run needs a config: `geogate config example > geogate.toml` and `geogate fences example > fences.geojson` write commented starting points (point fences.path at the second), then `geogate run --config geogate.toml`; or try `geogate demo`, which needs nothing"
         );
         return Ok(ExitCode::from(2));
     };
