@@ -44,6 +44,7 @@ pub fn register_zero_series(shards: usize, gate: &'static str) {
         "geogate_mqtt_left_for_redelivery_total",
         "geogate_fixes_out_of_order_total",
         "geogate_dead_letter_records_deleted_total",
+        "geogate_membership_overflow_total",
     ] {
         metrics::counter!(name).increment(0);
     }
@@ -189,6 +190,11 @@ fn describe() {
         "geogate_mqtt_acks_total",
         Unit::Count,
         "Finished QoS 1 messages by outcome: acked on their own connection, or withheld (their connection is gone, or a later copy with the same packet id carries the ack)."
+    );
+    describe_counter!(
+        "geogate_membership_overflow_total",
+        Unit::Count,
+        "Enters not recorded because the vehicle already held fences.max_memberships fences."
     );
     describe_counter!(
         "geogate_dead_letter_records_deleted_total",

@@ -40,6 +40,8 @@ pub async fn worker(
     let label = ctx.shard.to_string();
     let evaluated = metrics::counter!("geogate_events_evaluated_total", "shard" => label);
     let out_of_order = metrics::counter!("geogate_fixes_out_of_order_total");
+    let overflow = metrics::counter!("geogate_membership_overflow_total");
+    let mut overflow_seen = 0;
     let eval_time: Histogram = metrics::histogram!("geogate_evaluation_duration_seconds");
     let latency: Histogram = metrics::histogram!("geogate_end_to_end_latency_seconds");
     let transitions_metric = [TransitionKind::Enter, TransitionKind::Exit]
@@ -91,6 +93,11 @@ pub async fn worker(
                 &mut transitions,
             );
             eval_time.record(started.elapsed().as_secs_f64());
+            let overflowed = evaluator.stats().membership_overflow;
+            if overflowed > overflow_seen {
+                overflow.increment(overflowed - overflow_seen);
+                overflow_seen = overflowed;
+            }
             if let Err(first) = ctx.events.write(&transitions) {
                 let events = &ctx.events;
                 if !retry_until(events.health(), &mut ctx.deadline, first, || events.retry()).await

@@ -219,3 +219,65 @@ impl Acker {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rumqttc::{MqttOptions, QoS};
+
+    fn publish(pkid: u16) -> Publish {
+        let mut p = Publish::new("t", QoS::AtLeastOnce, Vec::new());
+        p.pkid = pkid;
+        p
+    }
+
+    fn register(acker: &mut Acker, token: u64, connection: ConnectionId, pkid: u16) {
+        acker.register(Registration {
+            token: AckToken(token),
+            connection,
+            publish: publish(pkid),
+        });
+    }
+
+    /// Acks go out as the finished prefix, in receive order, only on the
+    /// live connection, and once per (connection, packet id).
+    #[tokio::test]
+    async fn acks_the_finished_prefix_on_the_live_connection_once() {
+        // The event loop is never polled: acks just queue in the client.
+        let (client, _eventloop) =
+            rumqttc::AsyncClient::new(MqttOptions::new("t", "127.0.0.1", 1), 64);
+        let live = Arc::new(LiveConnection::default());
+        *live.lock() = Some(1);
+        let mut acker = Acker::new(client, live.clone());
+        for (token, pkid) in [(1, 10), (2, 11), (3, 12)] {
+            register(&mut acker, token, 1, pkid);
+        }
+        acker.finish(AckToken(3));
+        acker.finish(AckToken(2));
+        acker.ack_finished_prefix().await;
+        assert_eq!(acker.counts(), AckCounts::default(), "1 is not finished");
+        acker.finish(AckToken(1));
+        acker.ack_finished_prefix().await;
+        assert_eq!(acker.counts().acked, 3);
+
+        // Connection 1 dies; 4 arrived on it, 5 is its redelivered copy on
+        // connection 2 (same id), 6 and 7 share an id on connection 2.
+        register(&mut acker, 4, 1, 13);
+        *live.lock() = Some(2);
+        register(&mut acker, 5, 2, 13);
+        register(&mut acker, 6, 2, 1);
+        register(&mut acker, 7, 2, 1);
+        for t in 4..=7 {
+            acker.finish(AckToken(t));
+        }
+        acker.ack_finished_prefix().await;
+        assert_eq!(
+            acker.counts(),
+            AckCounts {
+                acked: 5,
+                old_connection: 1,
+                superseded: 1,
+            }
+        );
+    }
+}

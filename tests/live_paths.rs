@@ -1,0 +1,232 @@
+//! Live paths through a real mosquitto that no other test reaches: the
+//! drain deadline, membership overflow, Low pings at a full queue, and a
+//! fence reload that keeps what a vehicle is in.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use support::geogate::{
+    FENCES_AB, GeogateProcess, crossing_fixes, exclusive, native, publish_all, read_ndjson, setup,
+    wait_until,
+};
+
+const T0: i64 = 1_750_000_000_000;
+
+fn metric(geogate: &GeogateProcess, name: &str) -> f64 {
+    geogate.metrics().get(name).copied().unwrap_or(0.0)
+}
+
+/// (event, fence) of every transition, in file order.
+fn transitions(dir: &Path) -> Vec<(String, String)> {
+    read_ndjson(&dir.join("events.ndjson"))
+        .iter()
+        .map(|e| {
+            (
+                e["event"].as_str().unwrap_or("").to_owned(),
+                e["fence"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn accounting_term(line: &str, term: &str) -> u64 {
+    line.split(&format!("{term} "))
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {term} in {line}"))
+}
+
+/// Shutdown's drain deadline leaves work queued (and unacked); the broker
+/// hands it back to the next run, and every fix is applied exactly once.
+#[test]
+fn the_drain_deadline_leaves_work_queued_and_it_comes_back_after_a_restart() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut geogate = GeogateProcess::start(
+        dir.path(),
+        &setup(
+            broker.port,
+            "drain",
+            "sustained_rate = 20\ndrain_deadline_s = 1",
+        ),
+    );
+    // One vehicle, so one shard evaluates in receive order and every
+    // evaluated fix is acked before the process exits.
+    let fixes = crossing_fixes("d", 1, 0, 100);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(publish_all(broker.port, &fixes, None));
+    wait_until(30, "a backlog", || {
+        metric(&geogate, "geogate_events_received_total")
+            - metric(&geogate, "geogate_events_evaluated_total")
+            >= 20.0
+    });
+    let (ok, stdout) = geogate.stop();
+    assert!(ok, "{stdout}");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("accounting:"))
+        .expect("line");
+    assert!(line.ends_with("(balanced)"), "{line}");
+    assert!(accounting_term(line, "in_queue") > 0, "left queued: {line}");
+
+    geogate.restart();
+    wait_until(60, "all 100 enters", || {
+        transitions(dir.path())
+            .iter()
+            .filter(|(e, _)| e == "enter")
+            .count()
+            >= 100
+    });
+    let (ok, _) = geogate.stop();
+    assert!(ok);
+    let mut once: BTreeMap<(String, i64), usize> = BTreeMap::new();
+    for e in read_ndjson(&dir.path().join("events.ndjson")) {
+        if e["event"] == "enter" {
+            let key = (
+                e["vehicle"].as_str().unwrap_or("").to_owned(),
+                e["ts"].as_i64().unwrap_or(0),
+            );
+            *once.entry(key).or_default() += 1;
+        }
+    }
+    assert_eq!(once.len(), 100, "every fix applied");
+    assert!(
+        once.values().all(|&n| n == 1),
+        "none applied twice: {once:?}"
+    );
+}
+
+/// Two overlapping fences and `max_memberships = 1`: the second enter is
+/// not recorded, and it is counted.
+#[test]
+fn an_enter_past_max_memberships_is_counted() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // B widened west to 10.005°: it overlaps A.
+    let overlapping = FENCES_AB.replace("10.02,", "10.005,");
+    std::fs::write(dir.path().join("fences.geojson"), &overlapping).unwrap();
+    let geogate = GeogateProcess::launch_with(
+        dir.path(),
+        &setup(broker.port, "overflow", ""),
+        |c| c.replace("[fences]\n", "[fences]\nmax_memberships = 1\n"),
+        None,
+    );
+    geogate.wait_for_log("subscribed", 1);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    // Inside both A and B.
+    runtime.block_on(publish_all(
+        broker.port,
+        &[native("m1", T0, 50.005, 10.007, 40.0, "move")],
+        None,
+    ));
+    geogate.wait_processed(1.0, 20);
+    assert_eq!(metric(&geogate, "geogate_membership_overflow_total"), 1.0);
+    let (ok, _) = geogate.terminate();
+    assert!(ok);
+    assert_eq!(transitions(dir.path()), [("enter".into(), "A".into())]);
+}
+
+/// A flood of Low pings against tiny queues: once a queue is full, pings
+/// are shed as "the queue was full" and the gate spends nothing on them,
+/// so each shard's token level is exactly its burst less what it admitted.
+#[test]
+fn low_pings_at_a_full_queue_are_shed_without_spending_tokens() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = setup(
+        broker.port,
+        "full-queue",
+        "queue_capacity = 4\nsustained_rate = 50",
+    );
+    // Plenty of tokens and (almost) no refill: the gate never refuses.
+    s.gate = "kind = \"token\"\nrate = 0.001\nburst = 1000";
+    let geogate = GeogateProcess::start(dir.path(), &s);
+    let pings: Vec<_> = (0..400i64)
+        .map(|i| native(&format!("p{}", i % 40), T0 + i, 50.5, 10.5, 0.0, "ping"))
+        .collect();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(publish_all(broker.port, &pings, None));
+    geogate.wait_processed(400.0, 60);
+    let mut gated_shards = 0;
+    for shard in ["0", "1"] {
+        let admitted = geogate.series(&format!(
+            r#"geogate_gate_admitted_total{{shard="{shard}",gate="token"}}"#
+        ));
+        let level = geogate.series(&format!(r#"geogate_gate_level{{shard="{shard}"}}"#));
+        if admitted > 0.0 {
+            gated_shards += 1;
+            assert!(
+                (level - (1000.0 - admitted)).abs() < 0.5,
+                "shard {shard}: level {level} after admitting {admitted}"
+            );
+        }
+    }
+    assert!(gated_shards > 0, "the gate was reached");
+    let (ok, _) = geogate.terminate();
+    assert!(ok);
+    let full = read_ndjson(&dir.path().join("dead-letter.ndjson"))
+        .iter()
+        .filter(|r| {
+            r["reason"] == "shed"
+                && r["detail"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("the queue was full")
+        })
+        .count();
+    assert!(full > 0, "some pings found their queue full");
+}
+
+/// A reload that keeps fence A keeps a vehicle inside A (no second enter);
+/// a bad file afterwards changes nothing, shown by behaviour: the fence
+/// the good reload added still works.
+#[test]
+fn sighup_keeps_memberships_and_a_bad_file_keeps_the_old_fences() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let geogate = GeogateProcess::start(dir.path(), &setup(broker.port, "reload", ""));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let send = |fix| runtime.block_on(publish_all(broker.port, &[fix], None));
+    send(native("h2", T0, 50.005, 10.005, 30.0, "move"));
+    geogate.wait_processed(1.0, 20);
+    // Add C (north of A and B), keep A and B.
+    let end = FENCES_AB.rfind("]}").expect("a FeatureCollection");
+    let with_c = format!(
+        "{},\n {{\"type\":\"Feature\",\"id\":\"C\",\"properties\":{{}},\"geometry\":{{\"type\":\"Polygon\",\"coordinates\":[[[10.00,50.02],[10.01,50.02],[10.01,50.03],[10.00,50.03],[10.00,50.02]]]}}}}]}}",
+        &FENCES_AB[..end]
+    );
+    std::fs::write(dir.path().join("fences.geojson"), with_c).unwrap();
+    geogate.sighup();
+    geogate.wait_for_log("fences reloaded", 1);
+    send(native("h2", T0 + 1000, 50.006, 10.006, 30.0, "move"));
+    geogate.wait_processed(2.0, 20);
+    std::fs::write(dir.path().join("fences.geojson"), "{\"type\":\"nope\"}").unwrap();
+    geogate.sighup();
+    geogate.wait_for_log("fence reload refused", 1);
+    send(native("h2", T0 + 2000, 50.025, 10.005, 30.0, "move"));
+    geogate.wait_processed(3.0, 20);
+    let (ok, _) = geogate.terminate();
+    assert!(ok);
+    assert_eq!(
+        transitions(dir.path()),
+        [
+            ("enter".into(), "A".into()),
+            ("exit".into(), "A".into()),
+            ("enter".into(), "C".into())
+        ]
+    );
+}
