@@ -13,10 +13,6 @@ use support::geogate::{
 
 const T0: i64 = 1_750_000_000_000;
 
-fn metric(geogate: &GeogateProcess, name: &str) -> f64 {
-    geogate.metrics().get(name).copied().unwrap_or(0.0)
-}
-
 /// (event, fence) of every transition, in file order.
 fn transitions(dir: &Path) -> Vec<(String, String)> {
     read_ndjson(&dir.join("events.ndjson"))
@@ -61,8 +57,8 @@ fn the_drain_deadline_leaves_work_queued_and_it_comes_back_after_a_restart() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(publish_all(broker.port, &fixes, None));
     wait_until(30, "a backlog", || {
-        metric(&geogate, "geogate_events_received_total")
-            - metric(&geogate, "geogate_events_evaluated_total")
+        geogate.metric("geogate_events_received_total")
+            - geogate.metric("geogate_events_evaluated_total")
             >= 20.0
     });
     let (ok, stdout) = geogate.stop();
@@ -128,7 +124,7 @@ fn an_enter_past_max_memberships_is_counted() {
         None,
     ));
     geogate.wait_processed(1.0, 20);
-    assert_eq!(metric(&geogate, "geogate_membership_overflow_total"), 1.0);
+    assert_eq!(geogate.metric("geogate_membership_overflow_total"), 1.0);
     let (ok, _) = geogate.terminate();
     assert!(ok);
     assert_eq!(transitions(dir.path()), [("enter".into(), "A".into())]);

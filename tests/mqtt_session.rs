@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use support::geogate::{
-    GeogateProcess, crossing_fixes, exclusive, publish_all, read_ndjson, setup, wait_until,
+    GeogateProcess, crossing_fixes, enters_in_order, exclusive, publish_all, read_ndjson, setup,
+    wait_until,
 };
 use support::proxy::{Finished, Proxy, SubackTamper};
 
@@ -53,21 +54,8 @@ fn finished_by_events_file(events: PathBuf) -> Finished {
     })
 }
 
-fn metric(geogate: &GeogateProcess, name: &str) -> f64 {
-    geogate.metrics().get(name).copied().unwrap_or(0.0)
-}
-
 fn enters_in(dir: &Path) -> Vec<(String, i64)> {
-    read_ndjson(&dir.join("events.ndjson"))
-        .iter()
-        .filter(|e| e["event"] == "enter")
-        .map(|e| {
-            (
-                e["vehicle"].as_str().unwrap_or("").to_owned(),
-                e["ts"].as_i64().unwrap_or(0),
-            )
-        })
-        .collect()
+    enters_in_order(&read_ndjson(&dir.join("events.ndjson")))
 }
 
 #[test]
@@ -89,8 +77,8 @@ fn connects_subscribes_and_evaluates_over_a_300_ms_round_trip() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(publish_all(broker.port, &stream, None));
     geogate.wait_processed(40.0, 30);
-    assert_eq!(metric(&geogate, "geogate_mqtt_reconnects_total"), 0.0);
-    assert_eq!(metric(&geogate, "geogate_mqtt_subscribed"), 1.0);
+    assert_eq!(geogate.metric("geogate_mqtt_reconnects_total"), 0.0);
+    assert_eq!(geogate.metric("geogate_mqtt_subscribed"), 1.0);
     let (ok, stdout) = geogate.terminate();
     assert!(ok && stdout.contains("(balanced)"), "{stdout}");
     assert_eq!(enters_in(dir.path()).len(), 40);
@@ -114,8 +102,8 @@ fn a_connect_that_cannot_finish_is_logged_with_the_broker_and_retried() {
     geogate.wait_for_log(&needle, 2);
     let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
     assert!(!log.contains("connected to broker"), "{log}");
-    assert!(metric(&geogate, "geogate_mqtt_reconnects_total") >= 2.0);
-    assert_eq!(metric(&geogate, "geogate_mqtt_connected"), 0.0);
+    assert!(geogate.metric("geogate_mqtt_reconnects_total") >= 2.0);
+    assert_eq!(geogate.metric("geogate_mqtt_connected"), 0.0);
     drop(geogate);
 
     // The same link with a budget that fits: connected and subscribed.
@@ -123,7 +111,7 @@ fn a_connect_that_cannot_finish_is_logged_with_the_broker_and_retried() {
     let mut s = setup(proxy.port, "slow-enough", "");
     s.extra_mqtt = "connect_timeout_s = 5";
     let geogate = GeogateProcess::start(dir.path(), &s);
-    assert_eq!(metric(&geogate, "geogate_mqtt_subscribed"), 1.0);
+    assert_eq!(geogate.metric("geogate_mqtt_subscribed"), 1.0);
     let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
     assert!(!log.contains("cannot connect"), "{log}");
 }
@@ -157,8 +145,8 @@ fn acks_answer_only_their_own_connection() {
         kept.extend(batch.iter().filter_map(|(_, p)| fix_key(p)));
         runtime.block_on(publish_all(broker.port, &batch, None));
         wait_until(20, "a backlog held unacked", || {
-            metric(&geogate, "geogate_mqtt_unacked") >= 5.0
-                && metric(&geogate, "geogate_events_evaluated_total") > (round * 300 + 20) as f64
+            geogate.metric("geogate_mqtt_unacked") >= 5.0
+                && geogate.metric("geogate_events_evaluated_total") > (round * 300 + 20) as f64
         });
         proxy.cut();
         geogate.wait_for_log("session_present=true", round as usize + 1);
@@ -179,7 +167,7 @@ fn acks_answer_only_their_own_connection() {
     let batch = crossing_fixes("n", 10, 0, 300);
     runtime.block_on(publish_all(broker.port, &batch, None));
     wait_until(20, "a backlog held unacked", || {
-        metric(&geogate, "geogate_mqtt_unacked") >= 5.0
+        geogate.metric("geogate_mqtt_unacked") >= 5.0
     });
     broker.restart();
     // The first connect made a new session too.
@@ -249,9 +237,9 @@ fn a_subscription_is_asked_again_until_a_suback_confirms_it() {
     let dir = tempfile::tempdir().unwrap();
     let geogate = GeogateProcess::launch(dir.path(), &setup(proxy.port, "suback", ""));
     geogate.wait_for_log("connected to broker", 1);
-    assert_eq!(metric(&geogate, "geogate_mqtt_connected"), 1.0);
+    assert_eq!(geogate.metric("geogate_mqtt_connected"), 1.0);
     assert_eq!(
-        metric(&geogate, "geogate_mqtt_subscribed"),
+        geogate.metric("geogate_mqtt_subscribed"),
         0.0,
         "connected is not subscribed: {}",
         std::fs::read_to_string(dir.path().join("stderr.log")).unwrap_or_default()
@@ -261,9 +249,9 @@ fn a_subscription_is_asked_again_until_a_suback_confirms_it() {
         "refused the subscription to [\"fleet/+/telemetry\", \"owntracks/+/+\"]",
         1,
     );
-    assert_eq!(metric(&geogate, "geogate_mqtt_subscribed"), 0.0);
+    assert_eq!(geogate.metric("geogate_mqtt_subscribed"), 0.0);
     geogate.wait_for_log("subscribed to", 1);
-    assert_eq!(metric(&geogate, "geogate_mqtt_subscribed"), 1.0);
+    assert_eq!(geogate.metric("geogate_mqtt_subscribed"), 1.0);
     // And it hears what it subscribed to.
     let stream = crossing_fixes("q", 2, 0, 10);
     let runtime = tokio::runtime::Runtime::new().unwrap();

@@ -230,6 +230,11 @@ listen = "127.0.0.1:{metrics_port}"
         scrape(self.metrics_port)
     }
 
+    /// One metric summed over its labels (0 when absent).
+    pub fn metric(&self, name: &str) -> f64 {
+        self.metrics().get(name).copied().unwrap_or(0.0)
+    }
+
     /// One series by its exact text, e.g. `geogate_sink_healthy{sink="events"}`
     /// (0 when absent).
     pub fn series(&self, series: &str) -> f64 {
@@ -418,8 +423,13 @@ pub fn entered_fixes(events: &Path) -> std::collections::BTreeSet<(String, i64)>
     enters(&read_ndjson_so_far(events))
 }
 
-/// The (vehicle, fix time) of every `enter` among `events`.
+/// The (vehicle, fix time) of every `enter` among `events`, as a set.
 pub fn enters(events: &[serde_json::Value]) -> std::collections::BTreeSet<(String, i64)> {
+    enters_in_order(events).into_iter().collect()
+}
+
+/// The (vehicle, fix time) of every `enter` among `events`, repeats kept.
+pub fn enters_in_order(events: &[serde_json::Value]) -> Vec<(String, i64)> {
     events
         .iter()
         .filter(|e| e["event"] == "enter")
