@@ -37,11 +37,16 @@ fn leaf(names: &[&str], issuer: &Issuer<'_, KeyPair>) -> (String, String) {
 }
 
 fn new_pki(name: &str) -> Pki {
+    pki_for(name, &["localhost", "127.0.0.1"])
+}
+
+/// A CA, a broker certificate for `server_names`, and a client certificate.
+fn pki_for(name: &str, server_names: &[&str]) -> Pki {
     let (params, key, ca_pem) = ca(name);
     let issuer = Issuer::new(params, key);
     Pki {
         ca: ca_pem,
-        server: leaf(&["localhost", "127.0.0.1"], &issuer),
+        server: leaf(server_names, &issuer),
         client: leaf(&["geogate-client"], &issuer),
     }
 }
@@ -204,13 +209,52 @@ fn tls_with_password_and_client_certificate() {
     );
     let untrusted =
         GeogateProcess::launch(dir.path(), &setup(broker.port, &extra, "tls-untrusted"));
-    untrusted.wait_for_log("TLS failed: check mqtt.tls.ca_file", 1);
-    std::thread::sleep(Duration::from_millis(300));
+    // Two attempts, each refused for the reason that applies, and no other.
+    untrusted.wait_for_log("(unknown CA)", 2);
     let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
     assert!(!log.contains("connected to broker"), "{log}");
     assert!(
-        log.to_lowercase().contains("certificate"),
-        "names the certificate problem: {log}"
+        !log.contains("host name mismatch") && !log.contains("client certificate:"),
+        "{log}"
+    );
+    drop(untrusted);
+
+    // No client certificate, where the broker requires one.
+    let dir = tempfile::tempdir().unwrap();
+    let without_client_cert = tls_section(dir.path(), &pki, "s3cret-pa55")
+        .lines()
+        .filter(|l| !l.starts_with("client_"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let refused = GeogateProcess::launch(
+        dir.path(),
+        &setup(broker.port, &without_client_cert, "tls-no-client-cert"),
+    );
+    refused.wait_for_log("refused geogate's client certificate", 2);
+    let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
+    assert!(
+        !log.contains("connected to broker") && !log.contains("(unknown CA)"),
+        "{log}"
+    );
+}
+
+/// A broker whose certificate names another host: told apart from an
+/// unknown CA and from a refused client certificate.
+#[test]
+fn a_certificate_for_another_host_is_named_as_such() {
+    let certs = tempfile::tempdir().unwrap();
+    let pki = pki_for("geogate name CA", &["broker.example"]);
+    let Some(broker) = start_broker(certs.path(), &pki) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let extra = tls_section(dir.path(), &pki, "s3cret-pa55");
+    let mismatch = GeogateProcess::launch(dir.path(), &setup(broker.port, &extra, "tls-name"));
+    mismatch.wait_for_log("host name mismatch", 2);
+    let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
+    assert!(
+        !log.contains("connected to broker") && !log.contains("(unknown CA)"),
+        "{log}"
     );
 }
 

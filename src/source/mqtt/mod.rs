@@ -93,10 +93,66 @@ pub(crate) fn explain(e: &rumqttc::ConnectionError) -> Option<&'static str> {
         rumqttc::ConnectionError::ConnectionRefused(_) => Some(
             "the broker refused the connection: check mqtt.username / mqtt.password and the broker's ACL",
         ),
-        rumqttc::ConnectionError::Tls(_) => Some(
-            "TLS failed: check mqtt.tls.ca_file signs the broker's certificate, its name matches mqtt.host, and any client certificate",
-        ),
-        _ => None,
+        _ => rustls_in_chain(e)
+            .map(explain_tls)
+            .or(matches!(e, rumqttc::ConnectionError::Tls(_)).then_some(TLS_IN_GENERAL)),
+    }
+}
+
+const TLS_IN_GENERAL: &str = "TLS failed: check mqtt.tls.ca_file signs the broker's certificate, its name matches mqtt.host, and any client certificate";
+
+/// The rustls error somewhere in the error's chain. tokio-rustls wraps it
+/// in an I/O error, and a refused client certificate arrives only with the
+/// first read after the handshake (TLS 1.3), so rumqttc reports it as a
+/// failed CONNACK read, several layers down.
+fn rustls_in_chain<'e>(
+    e: &'e (dyn std::error::Error + 'static),
+) -> Option<&'e rumqttc::tokio_rustls::rustls::Error> {
+    use rumqttc::tokio_rustls::rustls::Error;
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(found) = err.downcast_ref::<Error>() {
+            return Some(found);
+        }
+        if let Some(found) = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<Error>())
+        {
+            return Some(found);
+        }
+        next = err.source();
+    }
+    None
+}
+
+/// Tells the TLS failures apart: each needs a different fix.
+fn explain_tls(e: &rumqttc::tokio_rustls::rustls::Error) -> &'static str {
+    use rumqttc::tokio_rustls::rustls::{AlertDescription, CertificateError, Error};
+    match e {
+        Error::InvalidCertificate(
+            CertificateError::UnknownIssuer | CertificateError::BadSignature,
+        ) => "TLS: the broker's certificate is not signed by a CA in mqtt.tls.ca_file (unknown CA)",
+        Error::InvalidCertificate(
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+        ) => {
+            "TLS: the broker's certificate does not name mqtt.host (host name mismatch): connect by a name the certificate lists"
+        }
+        Error::InvalidCertificate(
+            CertificateError::Expired
+            | CertificateError::ExpiredContext { .. }
+            | CertificateError::NotValidYet
+            | CertificateError::NotValidYetContext { .. },
+        ) => "TLS: the broker's certificate is expired or not yet valid",
+        Error::AlertReceived(
+            AlertDescription::CertificateRequired
+            | AlertDescription::BadCertificate
+            | AlertDescription::UnknownCA
+            | AlertDescription::CertificateUnknown,
+        ) => {
+            "TLS: the broker refused geogate's client certificate: set mqtt.tls.client_cert_file and client_key_file to a pair its CA signed"
+        }
+        _ => TLS_IN_GENERAL,
     }
 }
 
