@@ -198,13 +198,22 @@ fn dashboard_and_alerts_work_against_a_real_prometheus() {
         );
         std::thread::sleep(Duration::from_millis(250));
     }
-    std::thread::sleep(Duration::from_millis(2500));
-
+    // Every panel answers with a series: rate() needs two scrapes, so
+    // each query is asked until it does (bounded), not after a fixed sleep.
     for (title, expr) in dashboard_exprs() {
-        let v = query(prometheus.port, &expr);
-        assert_eq!(v["status"], "success", "panel {title:?}: {expr}: {v}");
-        let series = v["data"]["result"].as_array().map_or(0, Vec::len);
-        assert!(series > 0, "panel {title:?} returns no series: {expr}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let v = query(prometheus.port, &expr);
+            assert_eq!(v["status"], "success", "panel {title:?}: {expr}: {v}");
+            if v["data"]["result"].as_array().map_or(0, Vec::len) > 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "panel {title:?} returns no series: {expr}"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
     }
     let alerts = alert_exprs();
     assert_eq!(alerts.len(), 9);

@@ -249,6 +249,10 @@ fn record_captures_what_a_live_replay_publishes() {
     geogate::broker::start(port).expect("embedded broker");
     let url = format!("mqtt://127.0.0.1:{port}");
     let recorded = dir.path().join("recorded.ndjson");
+    let messages = geogate::replay::capture::read(Path::new(&capture))
+        .unwrap()
+        .len();
+    // Stops by itself after exactly that many messages: no time window.
     let mut recorder = Command::new(env!("CARGO_BIN_EXE_geogate"))
         .args([
             "record",
@@ -260,13 +264,24 @@ fn record_captures_what_a_live_replay_publishes() {
             "owntracks/#",
             "--out",
             recorded.to_str().unwrap(),
-            "--duration",
-            "12s",
+            "--count",
+            &messages.to_string(),
         ])
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("record");
-    std::thread::sleep(std::time::Duration::from_millis(700));
+    // Replay only once the recorder says its subscriptions are confirmed.
+    let mut stderr = std::io::BufReader::new(recorder.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("recording: subscribed") {
+        line.clear();
+        let n = std::io::BufRead::read_line(&mut stderr, &mut line).unwrap();
+        assert!(n > 0, "the recorder exited before subscribing");
+    }
     geogate(&["replay", &capture, "--mqtt", &url, "--speed", "25"]);
+    support::geogate::wait_until(60, "the recorder to finish", || {
+        recorder.try_wait().unwrap().is_some()
+    });
     assert!(recorder.wait().unwrap().success());
     let original = geogate::replay::capture::read(Path::new(&capture)).unwrap();
     let got = geogate::replay::capture::read(&recorded).unwrap();

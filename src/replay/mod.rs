@@ -49,13 +49,25 @@ fn client_id(prefix: &str) -> String {
     format!("{prefix}-{}-{nanos}", std::process::id())
 }
 
-/// Records every message on `topics` until `duration` passes or `stop`
-/// resolves; returns how many were written.
+/// When [`record`] stops, besides its `stop` future.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RecordLimits {
+    /// After this long.
+    pub duration: Option<Duration>,
+    /// After this many messages.
+    pub count: Option<usize>,
+}
+
+/// Records every message on `topics` until a limit is reached or `stop`
+/// resolves; returns how many were written. `subscribed` is called once
+/// the broker has confirmed every filter: from then on nothing published
+/// is missed.
 pub async fn record(
     url: &str,
     topics: &[String],
     out: &Path,
-    duration: Option<Duration>,
+    limits: RecordLimits,
+    subscribed: impl FnOnce(),
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<usize, ReplayError> {
     let (host, port) = parse_url(url)?;
@@ -73,7 +85,9 @@ pub async fn record(
     let mut writer = CaptureWriter::create(out)?;
     let mut first: Option<Instant> = None;
     let mut written = 0;
-    let deadline = duration.map(|d| tokio::time::Instant::now() + d);
+    let mut subscribed = Some(subscribed);
+    let mut unconfirmed = topics.len();
+    let deadline = limits.duration.map(|d| tokio::time::Instant::now() + d);
     tokio::pin!(stop);
     loop {
         let until_deadline = async {
@@ -91,6 +105,17 @@ pub async fn record(
                     let t_ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
                     writer.write(&CaptureRecord::new(t_ns, p.topic.clone(), &p.payload))?;
                     written += 1;
+                    if limits.count.is_some_and(|n| written >= n) {
+                        break;
+                    }
+                }
+                Ok(Event::Incoming(Packet::SubAck(_))) => {
+                    unconfirmed = unconfirmed.saturating_sub(1);
+                    if unconfirmed == 0
+                        && let Some(ready) = subscribed.take()
+                    {
+                        ready();
+                    }
                 }
                 Ok(_) => {}
                 Err(e) => return Err(ReplayError::Mqtt(e.to_string())),

@@ -41,11 +41,19 @@ pub fn record(
     url: String,
     topics: Vec<String>,
     out: PathBuf,
-    duration: Option<std::time::Duration>,
+    limits: replay::RecordLimits,
 ) -> Result<ExitCode> {
-    let n = runtime()?.block_on(replay::record(&url, &topics, &out, duration, async {
-        let _ = tokio::signal::ctrl_c().await;
-    }))?;
+    let listening = || eprintln!("recording: subscribed to {topics:?}");
+    let n = runtime()?.block_on(replay::record(
+        &url,
+        &topics,
+        &out,
+        limits,
+        listening,
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+        },
+    ))?;
     println!("recorded {n} messages to {}", out.display());
     Ok(ExitCode::SUCCESS)
 }

@@ -67,6 +67,9 @@ enum Command {
         /// Stop after this long (e.g. 60s, 5m); default: until Ctrl-C.
         #[arg(long, value_parser = parse_duration)]
         duration: Option<std::time::Duration>,
+        /// Stop after this many messages.
+        #[arg(long)]
+        count: Option<usize>,
     },
     /// Replay a capture: live to a broker, or in virtual time through gates.
     Replay(ReplayArgs),
@@ -249,7 +252,13 @@ fn main() -> Result<ExitCode> {
             topic,
             out,
             duration,
-        } => commands::record(mqtt, topic, out, duration),
+            count,
+        } => commands::record(
+            mqtt,
+            topic,
+            out,
+            geogate::replay::RecordLimits { duration, count },
+        ),
         Command::Replay(args) => commands::replay(args),
         Command::Synth(SynthCommand::ShiftChange {
             vehicles,
