@@ -94,7 +94,6 @@ impl Mosquitto {
     /// Starts mosquitto with `extra` configuration lines.
     pub fn start_with(extra: &str) -> Option<Self> {
         let binary = require("mosquitto (apt-get install mosquitto)", binary("mosquitto"))?;
-        let port = free_port();
         let dir = tempfile::tempdir().expect("tempdir");
         // mosquitto started as root drops to its own user, which must be
         // able to write the persistence file here.
@@ -104,28 +103,35 @@ impl Mosquitto {
             let _ = std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777));
         }
         let conf = dir.path().join("mosquitto.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "listener {port} 127.0.0.1\nallow_anonymous true\n{extra}persistence_location {}/\n\
-                 max_queued_messages 200000\nlog_type error\n",
-                dir.path().display()
-            ),
-        )
-        .expect("write mosquitto.conf");
-        let child = Command::new(&binary)
-            .arg("-c")
-            .arg(&conf)
-            .spawn()
-            .expect("spawn mosquitto");
-        wait_for_port(port);
-        Some(Self {
-            port,
-            child,
-            binary,
-            conf,
-            _dir: dir,
-        })
+        // A free port can be taken by a parallel test before mosquitto binds
+        // it: then mosquitto exits, and another port is tried.
+        for _ in 0..5 {
+            let port = free_port();
+            std::fs::write(
+                &conf,
+                format!(
+                    "listener {port} 127.0.0.1\nallow_anonymous true\n{extra}persistence_location {}/\n\
+                     max_queued_messages 200000\nlog_type error\n",
+                    dir.path().display()
+                ),
+            )
+            .expect("write mosquitto.conf");
+            let mut child = Command::new(&binary)
+                .arg("-c")
+                .arg(&conf)
+                .spawn()
+                .expect("spawn mosquitto");
+            if wait_for_child_port(&mut child, port) {
+                return Some(Self {
+                    port,
+                    child,
+                    binary,
+                    conf,
+                    _dir: dir,
+                });
+            }
+        }
+        panic!("mosquitto could not bind a free port in 5 tries");
     }
 
     /// Stops mosquitto cleanly (it saves its sessions) and starts it again
@@ -140,7 +146,11 @@ impl Mosquitto {
             .arg(&self.conf)
             .spawn()
             .expect("respawn mosquitto");
-        wait_for_port(self.port);
+        assert!(
+            wait_for_child_port(&mut self.child, self.port),
+            "mosquitto could not bind port {} again",
+            self.port
+        );
     }
 }
 
@@ -148,6 +158,28 @@ impl Drop for Mosquitto {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Waits (at most 10 s) until `child` accepts connections on `port`:
+/// false if it exits first (the port was taken), so the listener found is
+/// never someone else's.
+fn wait_for_child_port(child: &mut std::process::Child, port: u16) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if child.try_wait().ok().flatten().is_some() {
+            return false;
+        }
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            // Still ours: a child that lost the bind exits right away.
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            return child.try_wait().ok().flatten().is_none();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing listening on {port} after 10 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
 
