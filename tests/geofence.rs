@@ -513,3 +513,57 @@ fn float_noise_at_the_antimeridian_and_poles_is_clamped_with_a_warning() {
         "{err}"
     );
 }
+
+/// Circles against a haversine written here, not the crate's: a sphere of
+/// radius 6,371,008.8 m (the IUGG mean Earth radius, stated, not imported).
+#[test]
+fn circle_radii_agree_with_an_independent_haversine() {
+    const R: f64 = 6_371_008.8;
+    fn haversine((lon1, lat1): (f64, f64), (lon2, lat2): (f64, f64)) -> f64 {
+        let (p1, p2) = (lat1.to_radians(), lat2.to_radians());
+        let (dp, dl) = ((lat2 - lat1).to_radians(), (lon2 - lon1).to_radians());
+        let h = (dp / 2.0).sin().powi(2) + p1.cos() * p2.cos() * (dl / 2.0).sin().powi(2);
+        2.0 * R * h.sqrt().asin()
+    }
+    // A thousandth of a degree of latitude is R·π/180/1000 = 111.19508 m.
+    assert!((haversine((13.4, 52.5), (13.4, 52.501)) - 111.19508).abs() < 1e-3);
+    let circle = |lon: f64, lat: f64, radius_m: f64| {
+        index(
+            json!([{"type": "Feature", "id": "c", "properties": {"radius_m": radius_m},
+            "geometry": {"type": "Point", "coordinates": [lon, lat]}}]),
+        )
+    };
+    let mut rng = SplitMix64::new(7);
+    let mut unit = || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+    for _ in 0..500 {
+        // Centres anywhere but the poles, including the antimeridian.
+        let centre = (unit() * 360.0 - 180.0, unit() * 160.0 - 80.0);
+        let mut lon = centre.0 + (unit() - 0.5) * 0.2;
+        if lon > 180.0 {
+            lon -= 360.0;
+        }
+        if lon < -180.0 {
+            lon += 360.0;
+        }
+        let point = (lon, centre.1 + (unit() - 0.5) * 0.2);
+        let d = haversine(centre, point);
+        assert_eq!(
+            covering(
+                &circle(centre.0, centre.1, d * (1.0 + 1e-9) + 1e-6),
+                point.0,
+                point.1
+            ),
+            ["c"],
+            "{centre:?} {point:?} {d}"
+        );
+        assert!(
+            covering(
+                &circle(centre.0, centre.1, d * (1.0 - 1e-6)),
+                point.0,
+                point.1
+            )
+            .is_empty(),
+            "{centre:?} {point:?} {d}"
+        );
+    }
+}
