@@ -389,15 +389,16 @@ fn rss_bytes(pid: u32) -> Option<u64> {
 }
 
 #[test]
-fn overload_at_ten_times_the_sustained_rate() {
+fn a_backlog_of_forty_seconds_of_work_sheds_low_and_loses_no_high() {
     let _serial = exclusive();
     let Some(broker) = support::Mosquitto::start_unlimited_inflight() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    // Workers sustain 2 × 250 = 500 fixes/s; the publisher offers 20,000
-    // as fast as the broker takes them (tens of thousands per second), at
-    // least 10× the sustained rate.
+    // Workers sustain 2 × 250 = 500 fixes/s. The 20,000 fixes are queued at
+    // the broker while geogate is away, then arrive at once when it comes
+    // back: an overload by construction (40 s of work offered in one go),
+    // not by how fast a publisher happens to run on this machine.
     let setup = Setup {
         broker_port: broker.port,
         embedded: false,
@@ -407,7 +408,10 @@ fn overload_at_ten_times_the_sustained_rate() {
         events_mqtt: false,
         extra_mqtt: "",
     };
-    let geogate = GeogateProcess::start(dir.path(), &setup);
+    let mut geogate = GeogateProcess::start(dir.path(), &setup);
+    // Subscribed with a persistent session; now away.
+    let (ok, _) = geogate.stop();
+    assert!(ok);
     let mut stream = Vec::new();
     let mut high = BTreeSet::new();
     for i in 0..20_000i64 {
@@ -435,18 +439,19 @@ fn overload_at_ten_times_the_sustained_rate() {
             ));
         }
     }
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(publish_all(broker.port, &stream, None));
     let started = std::time::Instant::now();
+    geogate.restart();
     let pid = geogate.pid();
     let watcher = std::thread::spawn({
         let port = geogate.metrics_port;
         move || {
-            let (mut peak_rss, mut peak_unacked) = (0u64, 0.0f64);
+            let mut peak_rss = 0u64;
             let deadline = std::time::Instant::now() + Duration::from_secs(60);
             while std::time::Instant::now() < deadline {
                 peak_rss = peak_rss.max(rss_bytes(pid).unwrap_or(0));
                 let m = support::geogate::scrape(port);
-                peak_unacked =
-                    peak_unacked.max(m.get("geogate_mqtt_unacked").copied().unwrap_or(0.0));
                 let done = [
                     "geogate_events_invalid_total",
                     "geogate_events_shed_total",
@@ -460,15 +465,12 @@ fn overload_at_ten_times_the_sustained_rate() {
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
-            (peak_rss, peak_unacked)
+            peak_rss
         }
     });
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(publish_all(broker.port, &stream, None));
-    let offered_rate = 20_000.0 / started.elapsed().as_secs_f64();
-    geogate.wait_processed(20_000.0, 60);
+    geogate.wait_processed(20_000.0, 120);
     let elapsed = started.elapsed().as_secs_f64();
-    let (peak_rss, peak_unacked) = watcher.join().unwrap();
+    let peak_rss = watcher.join().unwrap();
     let m = geogate.metrics();
     let (ok, stdout) = geogate.terminate();
     assert!(ok && stdout.contains("(balanced)"), "{stdout}");
@@ -480,29 +482,31 @@ fn overload_at_ten_times_the_sustained_rate() {
         "lost High: {:?}",
         high.difference(&entered).take(3).collect::<Vec<_>>()
     );
-    // Memory stays bounded (queues, intake and unacked window are bounded).
+    // Memory stays bounded (queues, intake and unacked window are bounded):
+    // a resource bound, which a slow machine cannot make fail.
     assert!(
         peak_rss > 0 && peak_rss < 150 * 1024 * 1024,
         "peak RSS {peak_rss} bytes"
     );
-    // Backpressure reached the broker: more unacked than one queue holds.
-    assert!(peak_unacked > 256.0, "peak unacked {peak_unacked}");
+    // High events met full queues and waited (backpressure, never shed).
+    let waited = m
+        .get("geogate_backpressure_waits_total")
+        .copied()
+        .unwrap_or(0.0);
+    assert!(waited > 0.0, "no High event met a full queue");
     // The shed ratio follows the gate: above the watermark each shard's gate
-    // admitted at most b + r·t (token bucket, b = 50, r = 100/s).
+    // admitted at most b + r·t (token bucket, b = 50, r = 100/s); t is
+    // measured generously (a slower run only loosens the bound).
     let shed = m.get("geogate_events_shed_total").copied().unwrap_or(0.0);
     let gated = m.get("geogate_gate_admitted_total").copied().unwrap_or(0.0);
     let bound = 2.0 * (50.0 + 100.0 * elapsed);
-    assert!(
-        offered_rate >= 5_000.0,
-        "offered {offered_rate:.0}/s: at least 10× the sustained 500/s"
-    );
     assert!(shed > 0.0, "overload sheds low priority");
     assert!(
         gated <= bound,
         "gate admitted {gated} > b + r·t = {bound} over {elapsed:.1} s"
     );
     eprintln!(
-        "overload: publisher held to {offered_rate:.0}/s, {elapsed:.1} s, shed {shed}, gate admitted {gated} (bound {bound:.0}), peak RSS {} MiB, peak unacked {peak_unacked}",
+        "overload: {elapsed:.1} s, shed {shed}, gate admitted {gated} (bound {bound:.0}), High waits {waited}, peak RSS {} MiB",
         peak_rss >> 20
     );
 }
