@@ -136,6 +136,25 @@ fn lab_shaping_matches_the_golden_csvs() {
         let b = std::fs::read(Path::new("tests/golden").join(golden)).unwrap();
         assert!(a == b, "{produced} differs from tests/golden/{golden}");
     }
+    // The golden files themselves, derived again by an independent model
+    // (tests/golden/derive.py, standard-library Python).
+    if let Some(python) = support::require("python3", support::binary("python3")) {
+        let again = dir.path().join("derived");
+        std::fs::create_dir_all(&again).unwrap();
+        let status = Command::new(python)
+            .arg("tests/golden/derive.py")
+            .arg(&again)
+            .status()
+            .unwrap();
+        assert!(status.success(), "derive.py failed");
+        for golden in ["lab_shaping.csv", "lab_shaping_windows.csv"] {
+            assert_eq!(
+                std::fs::read_to_string(again.join(golden)).unwrap(),
+                std::fs::read_to_string(Path::new("tests/golden").join(golden)).unwrap(),
+                "derive.py disagrees with tests/golden/{golden}"
+            );
+        }
+    }
     let manifest: Value =
         serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
     for (file, sha) in manifest["outputs_sha256"].as_object().unwrap() {
