@@ -203,7 +203,8 @@ fn sigkill_mid_stream_loses_no_high_event() {
         broker_port: broker.port,
         embedded: false,
         client_id: "geogate-kill",
-        extra_pipeline: "sustained_rate = 2000",
+        // Slow enough that the first half is still in flight at the kill.
+        extra_pipeline: "sustained_rate = 200",
         gate: "kind = \"token\"\nrate = 1000\nburst = 100",
         events_mqtt: false,
         extra_mqtt: "",
@@ -230,16 +231,20 @@ fn sigkill_mid_stream_loses_no_high_event() {
         .collect();
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let (first, second) = stream.split_at(1000);
-    runtime.block_on(publish_all(
-        broker.port,
-        first,
-        Some(Duration::from_micros(200)),
-    ));
+    runtime.block_on(publish_all(broker.port, first, None));
+    // The kill must hit work in flight: messages taken and not yet acked.
+    let unacked = geogate.metric("geogate_mqtt_unacked");
+    assert!(unacked > 0.0, "nothing in flight at the kill");
     geogate.kill_and_restart();
     // The broker kept the session, and with it the unacked messages.
     geogate.wait_for_log("session_present=true", 1);
     runtime.block_on(publish_all(broker.port, second, None));
     geogate.wait_processed(1000.0, 60);
+    // The restarted process received the second half and the redelivered
+    // rest of the first.
+    support::geogate::wait_until(60, "the redelivered messages", || {
+        geogate.metric("geogate_events_received_total") > second.len() as f64
+    });
     // Everything published before the kill is redelivered or was evaluated.
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let entered = |dir: &std::path::Path| entered_fixes(&dir.join("events.ndjson"));
