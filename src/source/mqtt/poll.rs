@@ -213,10 +213,8 @@ pub async fn poll_loop(task: PollTask) {
         if now_phase != Phase::Open {
             handoff.close();
         }
-        if now_phase == Phase::AcksFlushed && leaving_by.is_none() {
-            // Queued behind every ack, so the acks go out first.
-            let _ = client.try_disconnect();
-            leaving_by = Some(Instant::now() + DISCONNECT_GRACE);
+        if now_phase == Phase::AcksFlushed {
+            start_leaving(&client, &mut leaving_by);
         }
         let wake = {
             let poll = eventloop.poll();
@@ -227,8 +225,7 @@ pub async fn poll_loop(task: PollTask) {
                     event = &mut poll => break Wake::Polled(event),
                     changed = phase.changed(), if leaving_by.is_none() => {
                         if changed.is_err() || *phase.borrow() == Phase::AcksFlushed {
-                            let _ = client.try_disconnect();
-                            leaving_by = Some(Instant::now() + DISCONNECT_GRACE);
+                            start_leaving(&client, &mut leaving_by);
                         }
                         if *phase.borrow() != Phase::Open {
                             handoff.close();
@@ -362,6 +359,15 @@ pub async fn poll_loop(task: PollTask) {
                 }
             }
         }
+    }
+}
+
+/// Queues a DISCONNECT (behind every ack, so the acks go out first) and
+/// sets how long to wait for it, once.
+fn start_leaving(client: &AsyncClient, leaving_by: &mut Option<Instant>) {
+    if leaving_by.is_none() {
+        let _ = client.try_disconnect();
+        *leaving_by = Some(Instant::now() + DISCONNECT_GRACE);
     }
 }
 
