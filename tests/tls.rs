@@ -116,6 +116,21 @@ fn tls_section(dir: &Path, pki: &Pki, password: &str) -> String {
     )
 }
 
+const UNKNOWN_CA: &str = "(unknown CA)";
+const HOST_MISMATCH: &str = "(host name mismatch)";
+const CLIENT_CERT_REFUSED: &str = "refused geogate's client certificate";
+
+/// Two connects refused for `reason`, none for another TLS reason, and no
+/// connection: each failure is told apart from the others.
+fn refused_only_for(geogate: &GeogateProcess, reason: &str) {
+    geogate.wait_for_log(reason, 2);
+    let log = std::fs::read_to_string(geogate.dir.join("stderr.log")).unwrap();
+    assert!(!log.contains("connected to broker"), "{log}");
+    for other in [UNKNOWN_CA, HOST_MISMATCH, CLIENT_CERT_REFUSED] {
+        assert!(other == reason || !log.contains(other), "{other} in {log}");
+    }
+}
+
 fn setup<'a>(port: u16, extra: &'a str, id: &'a str) -> Setup<'a> {
     Setup {
         broker_port: port,
@@ -209,14 +224,7 @@ fn tls_with_password_and_client_certificate() {
     );
     let untrusted =
         GeogateProcess::launch(dir.path(), &setup(broker.port, &extra, "tls-untrusted"));
-    // Two attempts, each refused for the reason that applies, and no other.
-    untrusted.wait_for_log("(unknown CA)", 2);
-    let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
-    assert!(!log.contains("connected to broker"), "{log}");
-    assert!(
-        !log.contains("host name mismatch") && !log.contains("client certificate:"),
-        "{log}"
-    );
+    refused_only_for(&untrusted, UNKNOWN_CA);
     drop(untrusted);
 
     // No client certificate, where the broker requires one.
@@ -230,12 +238,7 @@ fn tls_with_password_and_client_certificate() {
         dir.path(),
         &setup(broker.port, &without_client_cert, "tls-no-client-cert"),
     );
-    refused.wait_for_log("refused geogate's client certificate", 2);
-    let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
-    assert!(
-        !log.contains("connected to broker") && !log.contains("(unknown CA)"),
-        "{log}"
-    );
+    refused_only_for(&refused, CLIENT_CERT_REFUSED);
 }
 
 /// A broker whose certificate names another host: told apart from an
@@ -250,12 +253,7 @@ fn a_certificate_for_another_host_is_named_as_such() {
     let dir = tempfile::tempdir().unwrap();
     let extra = tls_section(dir.path(), &pki, "s3cret-pa55");
     let mismatch = GeogateProcess::launch(dir.path(), &setup(broker.port, &extra, "tls-name"));
-    mismatch.wait_for_log("host name mismatch", 2);
-    let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
-    assert!(
-        !log.contains("connected to broker") && !log.contains("(unknown CA)"),
-        "{log}"
-    );
+    refused_only_for(&mismatch, HOST_MISMATCH);
 }
 
 /// TLS over a link with 150 ms each way (300 ms round trip): the handshake
