@@ -264,3 +264,46 @@ fn a_subscription_is_asked_again_until_a_suback_confirms_it() {
         "no reconnect needed: {log}"
     );
 }
+
+/// The reordering the old stale acks caused in mosquitto 2.0.11, made
+/// deterministic: a proxy hands geogate each pair of fixes newest first.
+/// The older fix of each pair changes nothing, and the accounting line
+/// shows every one of them as out_of_order instead of hiding them among
+/// the evaluated.
+#[test]
+fn reordered_deliveries_show_as_out_of_order() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let proxy = Proxy::swapping_publishes(broker.port);
+    let dir = tempfile::tempdir().unwrap();
+    let geogate = GeogateProcess::start(dir.path(), &setup(proxy.port, "swapped", ""));
+    // One vehicle, 20 fixes alternating between A and B, published in order.
+    let fixes = crossing_fixes("o", 1, 0, 20);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(publish_all(broker.port, &fixes, None));
+    geogate.wait_processed(20.0, 30);
+    let (ok, stdout) = geogate.terminate();
+    assert!(ok, "{stdout}");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("accounting:"))
+        .expect("line");
+    assert_eq!(
+        line,
+        "accounting: received 20 = invalid 0 + shed 0 + evaluated 10 + out_of_order 10 + in_queue 0 (balanced)"
+    );
+    // Only the newer fix of each pair was applied: the odd ones, all in B.
+    // The even ones, in A, came late and moved the vehicle nowhere.
+    let events = read_ndjson(&dir.path().join("events.ndjson"));
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(
+        (
+            events[0]["event"].as_str(),
+            events[0]["fence"].as_str(),
+            events[0]["ts"].as_i64()
+        ),
+        (Some("enter"), Some("B"), Some(1_750_000_001_000))
+    );
+}

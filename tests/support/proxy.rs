@@ -51,6 +51,9 @@ struct Shared {
     delay: Duration,
     observer: Option<Mutex<Observer>>,
     subacks: Mutex<std::collections::VecDeque<SubackTamper>>,
+    /// Deliver QoS 1 publishes to the client in swapped pairs (2, 1, 4,
+    /// 3, ...), as a broker that lets newer messages overtake older ones.
+    swap_pairs: AtomicBool,
     open: Mutex<Vec<TcpStream>>,
     stopped: AtomicBool,
 }
@@ -76,6 +79,14 @@ impl Proxy {
         Self::spawn(upstream, Duration::ZERO, Some(Mutex::new(observer)))
     }
 
+    /// Like [`Self::start`] with no delay, delivering QoS 1 publishes in
+    /// swapped pairs: a deterministic reordering broker.
+    pub fn swapping_publishes(upstream: u16) -> Self {
+        let proxy = Self::spawn(upstream, Duration::ZERO, None);
+        proxy.shared.swap_pairs.store(true, Ordering::Release);
+        proxy
+    }
+
     /// Like [`Self::start`] with no delay, tampering with the broker's
     /// first SUBACKs as `tampers` says.
     pub fn tampering_subacks(upstream: u16, tampers: &[SubackTamper]) -> Self {
@@ -92,6 +103,7 @@ impl Proxy {
             delay,
             observer,
             subacks: Mutex::new(Default::default()),
+            swap_pairs: AtomicBool::new(false),
             open: Mutex::new(Vec::new()),
             stopped: AtomicBool::new(false),
         });
@@ -168,7 +180,10 @@ fn pipe(shared: &Arc<Shared>, conn: usize, mut from: TcpStream, mut to: TcpStrea
         let mut buf = vec![0u8; 64 * 1024];
         let mut parser = Parser::default();
         // Parsed only when something looks inside; otherwise raw bytes.
+        let swap = dir == Direction::ToClient && reader_shared.swap_pairs.load(Ordering::Acquire);
+        let mut held: Option<Packet> = None;
         let parse = reader_shared.observer.is_some()
+            || swap
             || (dir == Direction::ToClient && !reader_shared.subacks.lock().unwrap().is_empty());
         loop {
             let n = match from.read(&mut buf) {
@@ -191,6 +206,16 @@ fn pipe(shared: &Arc<Shared>, conn: usize, mut from: TcpStream, mut to: TcpStrea
                             }
                             None => {}
                         }
+                    }
+                    if swap && packet.first >> 4 == 3 && (packet.first >> 1) & 3 > 0 {
+                        match held.take() {
+                            None => held = Some(packet),
+                            Some(first) => {
+                                packet.encode(&mut out);
+                                first.encode(&mut out);
+                            }
+                        }
+                        continue;
                     }
                     packet.encode(&mut out);
                 }
