@@ -226,3 +226,60 @@ fn sighup_keeps_memberships_and_a_bad_file_keeps_the_old_fences() {
         ]
     );
 }
+
+/// The leaky shaper live: pings above the watermark wait in the shaper's
+/// lane and reach the worker paced, never more than its depth b plus
+/// r·t over the run; none is lost in the lane (all are evaluated or shed,
+/// and the account balances), and what it refuses names the shaper.
+#[test]
+fn the_leaky_shaper_paces_pings_and_loses_none_in_its_lane() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = setup(
+        broker.port,
+        "shaper",
+        "queue_capacity = 8\nsustained_rate = 100",
+    );
+    s.gate = "kind = \"leaky_shaper\"\nrate = 20\nburst = 10";
+    let geogate = GeogateProcess::start(dir.path(), &s);
+    let started = std::time::Instant::now();
+    let pings: Vec<_> = (0..600i64)
+        .map(|i| native(&format!("s{}", i % 60), T0 + i, 50.5, 10.5, 0.0, "ping"))
+        .collect();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(publish_all(broker.port, &pings, None));
+    geogate.wait_processed(600.0, 120);
+    // Measured after the fact: a slower run only loosens the bound.
+    let elapsed = started.elapsed().as_secs_f64();
+    let admitted = geogate.metric("geogate_gate_admitted_total");
+    let shed = geogate.metric("geogate_events_shed_total");
+    assert!(
+        admitted > 0.0 && shed > 0.0,
+        "the shaper admitted {admitted} and shed {shed}"
+    );
+    let bound = 2.0 * (10.0 + 20.0 * elapsed);
+    assert!(
+        admitted <= bound,
+        "shaped {admitted} > b + r·t = {bound} over {elapsed:.1} s"
+    );
+    eprintln!("shaper: {elapsed:.1} s, shaped {admitted} (bound {bound:.0}), shed {shed}");
+    let (ok, stdout) = geogate.terminate();
+    assert!(ok, "{stdout}");
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("accounting:"))
+        .expect("line");
+    assert!(
+        line.ends_with("(balanced)") && line.contains("+ in_queue 0 "),
+        "{line}"
+    );
+    let letters = read_ndjson(&dir.path().join("dead-letter.ndjson"));
+    assert_eq!(letters.len() as f64, shed);
+    assert!(
+        letters.iter().all(|l| l["gate"] == "leaky_shaper"),
+        "{letters:?}"
+    );
+}
