@@ -63,10 +63,7 @@ fn the_drain_deadline_leaves_work_queued_and_it_comes_back_after_a_restart() {
     });
     let (ok, stdout) = geogate.stop();
     assert!(ok, "{stdout}");
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("accounting:"))
-        .expect("line");
+    let line = support::geogate::accounting_line(&stdout);
     assert!(line.ends_with("(balanced)"), "{line}");
     assert!(accounting_term(line, "in_queue") > 0, "left queued: {line}");
 
@@ -268,10 +265,7 @@ fn the_leaky_shaper_paces_pings_and_loses_none_in_its_lane() {
     eprintln!("shaper: {elapsed:.1} s, shaped {admitted} (bound {bound:.0}), shed {shed}");
     let (ok, stdout) = geogate.terminate();
     assert!(ok, "{stdout}");
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("accounting:"))
-        .expect("line");
+    let line = support::geogate::accounting_line(&stdout);
     assert!(
         line.ends_with("(balanced)") && line.contains("+ in_queue 0 "),
         "{line}"

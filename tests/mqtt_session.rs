@@ -219,10 +219,7 @@ fn acks_answer_only_their_own_connection() {
     let enters = enters_in(dir.path());
     let unique: HashSet<_> = enters.iter().cloned().collect();
     assert_eq!(unique.len(), enters.len(), "an enter repeated");
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("accounting:"))
-        .expect("accounting line");
+    let line = support::geogate::accounting_line(&stdout);
     assert!(line.contains("+ out_of_order 0 +"), "{line}");
 }
 
@@ -286,10 +283,7 @@ fn reordered_deliveries_show_as_out_of_order() {
     geogate.wait_processed(20.0, 30);
     let (ok, stdout) = geogate.terminate();
     assert!(ok, "{stdout}");
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("accounting:"))
-        .expect("line");
+    let line = support::geogate::accounting_line(&stdout);
     assert_eq!(
         line,
         "accounting: received 20 = invalid 0 + shed 0 + evaluated 10 + out_of_order 10 + in_queue 0 (balanced)"

@@ -225,10 +225,7 @@ fn dashboard_and_alerts_work_against_a_real_prometheus() {
     let prom_shed = scalar(prometheus.port, "sum(geogate_events_shed_total)").expect("shed series");
     let (ok, stdout) = geogate.terminate();
     assert!(ok);
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("accounting:"))
-        .expect("accounting line");
+    let line = support::geogate::accounting_line(&stdout);
     let shed: f64 = line
         .split("shed ")
         .nth(1)

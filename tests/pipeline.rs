@@ -157,10 +157,7 @@ fn check_known_stream(broker_port: u16, embedded: bool, extra_mqtt: &str) {
     assert!((150..=300 - 34).contains(&shed), "shed {shed}");
 
     // The account balances, and matches the files exactly.
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("accounting:"))
-        .expect("accounting line");
+    let line = support::geogate::accounting_line(&stdout);
     assert!(line.ends_with("(balanced)"), "{line}");
     let expect = format!(
         "accounting: received {} = invalid 8 + shed {shed} + evaluated {} + out_of_order 0 + in_queue 0 (balanced)",
@@ -199,16 +196,8 @@ fn sigkill_mid_stream_loses_no_high_event() {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let setup = Setup {
-        broker_port: broker.port,
-        embedded: false,
-        client_id: "geogate-kill",
-        // Slow enough that the first half is still in flight at the kill.
-        extra_pipeline: "sustained_rate = 200",
-        gate: "kind = \"token\"\nrate = 1000\nburst = 100",
-        events_mqtt: false,
-        extra_mqtt: "",
-    };
+    // Slow enough that the first half is still in flight at the kill.
+    let setup = support::geogate::setup(broker.port, "geogate-kill", "sustained_rate = 200");
     let mut geogate = GeogateProcess::start(dir.path(), &setup);
     // 20 vehicles alternate between fences A and B: every fix is an enter,
     // so every evaluated fix leaves a trace in the events file.
@@ -345,15 +334,7 @@ fn out_of_order_fixes_have_their_own_term() {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let setup = Setup {
-        broker_port: broker.port,
-        embedded: false,
-        client_id: "geogate-order",
-        extra_pipeline: "",
-        gate: "kind = \"token\"\nrate = 1000\nburst = 100",
-        events_mqtt: false,
-        extra_mqtt: "",
-    };
+    let setup = support::geogate::setup(broker.port, "geogate-order", "");
     let geogate = GeogateProcess::start(dir.path(), &setup);
     // One vehicle, newest fix first: the first is applied (an enter into
     // A), the four older ones (in B, then A...) change nothing.
@@ -369,10 +350,7 @@ fn out_of_order_fixes_have_their_own_term() {
     assert_eq!(geogate.metrics()["geogate_fixes_out_of_order_total"], 4.0);
     let (ok, stdout) = geogate.terminate();
     assert!(ok, "{stdout}");
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("accounting:"))
-        .expect("line");
+    let line = support::geogate::accounting_line(&stdout);
     assert_eq!(
         line,
         "accounting: received 5 = invalid 0 + shed 0 + evaluated 1 + out_of_order 4 + in_queue 0 (balanced)"

@@ -204,10 +204,7 @@ fn bad_input_corpus_through_mosquitto() {
         good,
         "every good fix evaluated"
     );
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("accounting:"))
-        .unwrap();
+    let line = support::geogate::accounting_line(&stdout);
     assert_eq!(
         line,
         format!(
@@ -264,10 +261,7 @@ fn sigterm_mid_burst_drains_and_balances() {
     assert!(in_flight >= 1.0, "nothing was queued at the signal");
     let (ok, stdout) = geogate.terminate();
     assert!(ok, "exit 0 after SIGTERM: {stdout}");
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("accounting:"))
-        .expect("accounting line");
+    let line = support::geogate::accounting_line(&stdout);
     // The whole line, each number from an independent source: what was
     // sent, and the dead-letter file (every record a shed Low ping).
     let letters = read_ndjson(&dir.path().join("dead-letter.ndjson"));
@@ -360,10 +354,7 @@ fn broker_restarts_lose_no_high_event() {
     geogate.wait_for_log("connected to broker", 4);
     let (ok, stdout) = geogate.terminate();
     assert!(ok && stdout.contains("(balanced)"), "{stdout}");
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("accounting:"))
-        .expect("line");
+    let line = support::geogate::accounting_line(&stdout);
     assert!(line.contains("+ out_of_order 0 +"), "{line}");
     // Exactly once: the redelivered copies were recognised, not re-applied.
     let all = enters(&read_ndjson(&dir.path().join("events.ndjson")));

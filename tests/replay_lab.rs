@@ -342,10 +342,7 @@ fn demo_runs_end_to_end_on_a_small_capture() {
     std::fs::write(&path, config).unwrap();
     let out = geogate(&["demo", "--config", path.to_str().unwrap()]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("accounting:"))
-        .expect("accounting line");
+    let line = support::geogate::accounting_line(&stdout);
     assert!(
         line.ends_with("(balanced)") && line.contains("in_queue 0"),
         "{line}"
@@ -432,10 +429,7 @@ fn demo_runs_from_an_empty_directory_with_nothing_beside_it() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("accounting:"))
-        .expect("accounting line");
+    let line = support::geogate::accounting_line(&stdout);
     let bundled = Path::new(env!("CARGO_MANIFEST_DIR")).join("replay/shift-change.ndjson.gz");
     let messages = geogate::replay::capture::read(&bundled).unwrap().len();
     assert!(

@@ -81,10 +81,7 @@ fn a_dead_letter_on_a_full_device_acks_nothing_and_shuts_down_cleanly() {
     // retries, the message stays unacked, and the account still balances.
     let (ok, stdout) = geogate.stop();
     assert!(ok, "{stdout}");
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("accounting:"))
-        .expect("line");
+    let line = support::geogate::accounting_line(&stdout);
     assert!(
         line.contains("invalid 0 +") && line.ends_with("(balanced)"),
         "{line}"

@@ -496,3 +496,11 @@ pub fn crossing_fixes(prefix: &str, vehicles: i64, first: i64, n: i64) -> Vec<Me
         .map(|i| crossing_fix(prefix, vehicles, i))
         .collect()
 }
+
+/// The `accounting:` line geogate prints at shutdown.
+pub fn accounting_line(stdout: &str) -> &str {
+    stdout
+        .lines()
+        .find(|l| l.starts_with("accounting:"))
+        .unwrap_or_else(|| panic!("no accounting line in {stdout}"))
+}
