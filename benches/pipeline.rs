@@ -1,7 +1,9 @@
 //! Decode cost per format, and the in-process pipeline (decode → dedup →
-//! admit → bounded channel → evaluate, with metrics and the dead-letter
-//! file) with 1 and 2 shards, against the decode-only rate on the same
-//! payloads: the ceiling for any JSON pipeline.
+//! admit → bounded channel → evaluate → commit → events file, with metrics
+//! and the dead-letter file) with 1 and 2 shards, against the decode-only
+//! rate on the same payloads: the ceiling for any JSON pipeline. The
+//! pipeline runs with each state backend: memory, and the embedded store
+//! with `fsync = "flush"` and `"always"` (a new store per iteration).
 //!
 //! Payloads are the bundled capture's (`replay/shift-change.ndjson.gz`),
 //! evaluated against the demo fences.
@@ -11,14 +13,15 @@ use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, 
 use geogate::admission::{Admission, AdmissionPolicy, GateSpec};
 use geogate::clock::MonotonicClock;
 use geogate::codec::{CodecSettings, Dedup, decode};
-use geogate::config::{FsyncPolicy, PipelineConfig};
-use geogate::geofence::{Evaluator, EvaluatorSettings, FenceIndex, load_fences};
+use geogate::config::{FsyncPolicy, PipelineConfig, StateBackend, StateConfig};
+use geogate::geofence::{EvaluatorSettings, FenceIndex, load_fences};
 use geogate::pipeline::accounting::Accounting;
 use geogate::pipeline::shard::{Router, ShardInput, WorkerContext, worker};
 use geogate::replay::capture;
 use geogate::sink::dead_letter::DeadLetterSink;
-use geogate::sink::events::EventSink;
 use geogate::source::{Completions, Envelope};
+use geogate::state::commit::ShardCounters;
+use geogate::state::stage::StateStage;
 use metrics_exporter_prometheus::PrometheusBuilder;
 use std::hint::black_box;
 use std::path::Path;
@@ -70,7 +73,7 @@ fn decode_formats(c: &mut Criterion) {
 /// socket is missing: the intake channel is filled before the clock starts.
 struct Pipeline {
     index: Arc<FenceIndex>,
-    dead_letter_dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Pipeline {
@@ -83,20 +86,43 @@ impl Pipeline {
                 topic: topic.clone(),
                 payload: payload.clone(),
                 received_at: now,
+                redelivered: false,
             };
             tx.try_send(item).expect("intake sized to the capture");
         }
         rx
     }
 
-    /// Routes and evaluates every queued message on `shards` workers;
-    /// returns how many were evaluated.
-    async fn run(&self, intake: mpsc::Receiver<Envelope>, shards: usize) -> u64 {
+    fn events_path(&self) -> std::path::PathBuf {
+        self.dir.path().join("events.ndjson")
+    }
+
+    /// A fresh store and events file for the next iteration.
+    fn state(&self, backend: StateBackend, fsync: FsyncPolicy) -> StateConfig {
+        let _ = std::fs::remove_file(self.events_path());
+        StateConfig {
+            backend,
+            path: self.dir.path().join("state.sqlite"),
+            fsync,
+            reset: true,
+        }
+    }
+
+    /// Routes, evaluates and commits every queued message on `shards`
+    /// workers; returns how many were evaluated.
+    async fn run(
+        &self,
+        intake: mpsc::Receiver<Envelope>,
+        shards: usize,
+        state: StateConfig,
+    ) -> u64 {
         let accounting = Arc::new(Accounting::default());
         let (completions, _finished) = Completions::channel();
         let (_fences_tx, fences) = watch::channel(self.index.clone());
         let (_deadline_tx, deadline) = watch::channel(None);
-        let events = Arc::new(EventSink::new(None, None).expect("no-op sink"));
+        let events = self.events_path();
+        let mut stage = StateStage::start(&state, Some(&events), None, shards, deadline.clone())
+            .expect("state stage");
         let capacity = PipelineConfig::default().queue_capacity;
         let gate: GateSpec = "token:rate=1000000,burst=100000".parse().expect("gate");
         let mut inputs = Vec::new();
@@ -112,13 +138,17 @@ impl Pipeline {
                 ),
                 None,
             ));
-            let evaluator = Evaluator::new(self.index.clone(), EvaluatorSettings::default());
+            let evaluator =
+                stage.evaluator(shard, self.index.clone(), EvaluatorSettings::default());
             let ctx = WorkerContext {
                 shard,
                 fences: fences.clone(),
-                events: events.clone(),
-                completions: completions.clone(),
-                accounting: accounting.clone(),
+                commits: stage.commits.clone(),
+                counters: Arc::new(ShardCounters::new(
+                    shard,
+                    accounting.clone(),
+                    completions.clone(),
+                )),
                 sustained_rate: 0.0,
                 deadline: deadline.clone(),
                 per_fence_labels: false,
@@ -127,7 +157,7 @@ impl Pipeline {
         }
         let codec = CodecSettings::default();
         let (dead_letter, _) = DeadLetterSink::open(
-            &self.dead_letter_dir.path().join("dead-letter.ndjson"),
+            &self.dir.path().join("dead-letter.ndjson"),
             64 << 20,
             FsyncPolicy::Flush,
         )
@@ -146,9 +176,11 @@ impl Pipeline {
         // Spawned, as in `pipeline::run`, so the scheduler treats it alike.
         // Started as `pipeline::run` starts it, on its own thread.
         let _ = router.spawn(intake).await;
+        let finished = stage.finish();
         for w in workers {
             let _ = w.await;
         }
+        finished.await;
         accounting.balance().evaluated
     }
 }
@@ -181,24 +213,35 @@ fn pipeline(c: &mut Criterion) {
     let _ = PrometheusBuilder::new().install_recorder();
     let pipeline = Pipeline {
         index,
-        dead_letter_dir: tempfile::tempdir().expect("temp dir"),
+        dir: tempfile::tempdir().expect("temp dir"),
     };
     let shared: Vec<(String, Bytes)> = payloads
         .iter()
         .map(|(t, p)| (t.clone(), Bytes::from(p.clone())))
         .collect();
+    let backends = [
+        ("memory", StateBackend::Memory, FsyncPolicy::Flush),
+        ("embedded_flush", StateBackend::Embedded, FsyncPolicy::Flush),
+        (
+            "embedded_always",
+            StateBackend::Embedded,
+            FsyncPolicy::Always,
+        ),
+    ];
     for shards in [1, 2] {
-        group.bench_with_input(
-            BenchmarkId::new("pipeline", shards),
-            &shards,
-            |b, &shards| {
-                b.iter_batched(
-                    || Pipeline::intake(&shared),
-                    |intake| runtime.block_on(pipeline.run(intake, shards)),
-                    BatchSize::PerIteration,
-                )
-            },
-        );
+        for (name, backend, fsync) in backends {
+            group.bench_with_input(
+                BenchmarkId::new(format!("pipeline_{name}"), shards),
+                &shards,
+                |b, &shards| {
+                    b.iter_batched(
+                        || (Pipeline::intake(&shared), pipeline.state(backend, fsync)),
+                        |(intake, state)| runtime.block_on(pipeline.run(intake, shards, state)),
+                        BatchSize::PerIteration,
+                    )
+                },
+            );
+        }
     }
     group.finish();
 }

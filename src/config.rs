@@ -29,6 +29,8 @@ pub struct Config {
     #[serde(default)]
     pub metrics: MetricsConfig,
     #[serde(default)]
+    pub state: StateConfig,
+    #[serde(default)]
     pub demo: DemoConfig,
 }
 
@@ -233,6 +235,41 @@ pub struct EventsConfig {
     pub path: Option<PathBuf>,
     /// Publish transitions (QoS 1) to `geogate/events/{vehicle}`.
     pub mqtt: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateBackend {
+    /// Nothing survives the process: benchmarks, `eval`, the labs.
+    Memory,
+    /// A SQLite file at `path` (see `state::embedded`).
+    Embedded,
+}
+
+/// Where per-vehicle state and the outbox live (see `state`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StateConfig {
+    pub backend: StateBackend,
+    pub path: PathBuf,
+    /// `flush`: a commit survives a process crash; `always`: it is fsynced
+    /// and survives power loss too. Applies to the events file as well.
+    pub fsync: FsyncPolicy,
+    /// Start from no state even if the file holds some (`--reset-state`);
+    /// never read from the file, so a reset is always explicit.
+    #[serde(skip)]
+    pub reset: bool,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        Self {
+            backend: StateBackend::Embedded,
+            path: "geogate-state.sqlite".into(),
+            fsync: FsyncPolicy::Flush,
+            reset: false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -461,6 +498,28 @@ impl Config {
         }
         if let Err(e) = self.demo.gate.build() {
             problem("demo.gate", e.to_string());
+        }
+        if self.state.backend == StateBackend::Embedded {
+            let path = &self.state.path;
+            let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+            if path.as_os_str().is_empty() {
+                problem(
+                    "state.path",
+                    "must name a file for the embedded store".into(),
+                );
+            } else if path.is_dir() {
+                problem(
+                    "state.path",
+                    format!("{} is a directory; name a file in it", path.display()),
+                );
+            } else if let Some(dir) = parent
+                && !dir.is_dir()
+            {
+                problem(
+                    "state.path",
+                    format!("directory {} does not exist", dir.display()),
+                );
+            }
         }
         if self.metrics.enabled && self.metrics.listen.parse::<std::net::SocketAddr>().is_err() {
             problem(

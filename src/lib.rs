@@ -8,6 +8,7 @@
 //! * [`admission`]: the gates and the one admission rule;
 //! * [`pipeline`]: wiring, the shard router and workers, the accounting;
 //! * [`geofence`]: fences, the index, exact containment, enter/exit state;
+//! * [`state`]: per-vehicle state and the outbox, across crashes;
 //! * [`sink`]: dead letter and transitions out, and how they fail;
 //! * [`replay`]: captures, record, live and virtual replay, synth;
 //! * [`lab`], [`report`], [`cli`]: what the commands show;
@@ -30,3 +31,4 @@ pub mod replay;
 pub mod report;
 pub mod sink;
 pub mod source;
+pub mod state;

@@ -102,6 +102,10 @@ pub async fn run(
     ] {
         let _ = std::fs::remove_file(stale);
     }
+    // Each demo replays the same capture from the start, so it starts from
+    // no state, explicitly, beside the events file it also starts anew.
+    config.state.path = demo.report_dir.join("state.sqlite");
+    config.state.reset = true;
     config.pipeline.sustained_rate = demo.sustained_rate;
     config.pipeline.queue_capacity = demo.queue_capacity;
     config.gate = demo.gate.clone();

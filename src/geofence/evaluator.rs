@@ -13,7 +13,10 @@
 //!   carries the confirming fix's time. Exits are immediate.
 //!
 //! A fix older than the vehicle's last evaluated fix changes nothing and is
-//! counted as out of order. State is bounded: at most
+//! counted as out of order; one at the same time, or an older one the
+//! broker marks as redelivered, was applied before (by this process or by
+//! one that crashed after committing it) and is counted as a duplicate.
+//! State is bounded: at most
 //! `max_memberships` fences per vehicle (overflow counted), and a vehicle
 //! whose last fix is older than `idle_expiry` behind the newest fix seen is
 //! forgotten silently (counted): its next fix starts from no membership.
@@ -62,6 +65,9 @@ pub enum FixOutcome {
     Applied,
     /// Older than the vehicle's last applied fix: nothing changed.
     OutOfOrder,
+    /// Already applied: the vehicle's last applied fix has this time, or
+    /// the broker redelivered a fix older than it. Nothing changed.
+    Duplicate,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -90,6 +96,7 @@ impl Default for EvaluatorSettings {
 pub struct EvaluatorStats {
     pub evaluated: u64,
     pub out_of_order: u64,
+    pub duplicates: u64,
     pub expired: u64,
     pub membership_overflow: u64,
     pub enters: u64,
@@ -103,6 +110,19 @@ struct VehicleState {
     members: Vec<FenceIdx>,
     /// Fences awaiting dwell confirmation: (fence, first qualifying fix).
     pending: Vec<(FenceIdx, i64)>,
+    /// Listed in `changed` since the last [`Evaluator::take_changed`].
+    changed: bool,
+}
+
+/// One vehicle's state with fence ids in place of index positions: what a
+/// state store keeps, valid across fence reloads and restarts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VehicleSnapshot {
+    pub last_fix_ms: i64,
+    /// In fence-file order at the time of the snapshot.
+    pub members: Vec<FenceId>,
+    /// (fence, first qualifying fix time) for each dwell in progress.
+    pub pending: Vec<(FenceId, i64)>,
 }
 
 pub struct Evaluator {
@@ -116,6 +136,12 @@ pub struct Evaluator {
     newest_fix_ms: i64,
     /// Scratch buffer for covering fences, reused across fixes.
     covering: Vec<FenceIdx>,
+    /// Vehicles whose state changed (or that expired) since the last
+    /// [`Self::take_changed`]: what the next state commit must write.
+    changed: Vec<VehicleId>,
+    /// Off unless a durable store needs `changed` (it costs a clone of
+    /// the id per vehicle per batch).
+    track_changes: bool,
 }
 
 impl Evaluator {
@@ -127,7 +153,15 @@ impl Evaluator {
             stats: EvaluatorStats::default(),
             newest_fix_ms: i64::MIN,
             covering: Vec::new(),
+            changed: Vec::new(),
+            track_changes: false,
         }
+    }
+
+    /// Lists changed vehicles for [`Self::take_changed`].
+    pub fn tracking_changes(mut self) -> Self {
+        self.track_changes = true;
+        self
     }
 
     pub fn stats(&self) -> EvaluatorStats {
@@ -155,13 +189,28 @@ impl Evaluator {
             .unwrap_or_default()
     }
 
-    /// Evaluates one fix, appending its transitions to `out`.
+    /// Evaluates one fix delivered for the first time, appending its
+    /// transitions to `out`.
     pub fn evaluate(
         &mut self,
         vehicle: &VehicleId,
         fix_ms: i64,
         lat: f64,
         lon: f64,
+        out: &mut Vec<Transition>,
+    ) -> FixOutcome {
+        self.evaluate_delivery(vehicle, fix_ms, lat, lon, false, out)
+    }
+
+    /// Evaluates one fix; `redelivered` is the broker's duplicate flag,
+    /// which tells an already-applied fix from an out-of-order one.
+    pub fn evaluate_delivery(
+        &mut self,
+        vehicle: &VehicleId,
+        fix_ms: i64,
+        lat: f64,
+        lon: f64,
+        redelivered: bool,
         out: &mut Vec<Transition>,
     ) -> FixOutcome {
         // Look up before inserting: a known vehicle (the common case) costs
@@ -176,12 +225,20 @@ impl Evaluator {
         let Some(state) = self.vehicles.get_mut(vehicle) else {
             return FixOutcome::Applied;
         };
+        if fix_ms == state.last_fix_ms || (redelivered && fix_ms < state.last_fix_ms) {
+            self.stats.duplicates += 1;
+            return FixOutcome::Duplicate;
+        }
         if fix_ms < state.last_fix_ms {
             self.stats.out_of_order += 1;
             return FixOutcome::OutOfOrder;
         }
         self.stats.evaluated += 1;
         state.last_fix_ms = fix_ms;
+        if self.track_changes && !state.changed {
+            state.changed = true;
+            self.changed.push(vehicle.clone());
+        }
         let p = Coord { x: lon, y: lat };
         let index: &FenceIndex = &self.index;
         let settings = &self.settings;
@@ -251,10 +308,73 @@ impl Evaluator {
     pub fn expire_idle(&mut self, now_ms: i64) -> usize {
         let horizon = now_ms.saturating_sub(self.settings.idle_expiry_ms);
         let before = self.vehicles.len();
-        self.vehicles.retain(|_, s| s.last_fix_ms >= horizon);
+        let changed = &mut self.changed;
+        let track = self.track_changes;
+        self.vehicles.retain(|id, s| {
+            let keep = s.last_fix_ms >= horizon;
+            if track && !keep && !s.changed {
+                changed.push(id.clone());
+            }
+            keep
+        });
         let expired = before - self.vehicles.len();
         self.stats.expired += expired as u64;
         expired
+    }
+
+    /// Drains the vehicles changed since the last call into `out`, each
+    /// with its state now (`None`: expired, delete it).
+    pub fn take_changed(&mut self, out: &mut Vec<(VehicleId, Option<VehicleSnapshot>)>) {
+        for id in self.changed.drain(..) {
+            let snapshot = self.vehicles.get_mut(&id).map(|s| {
+                s.changed = false;
+                VehicleSnapshot {
+                    last_fix_ms: s.last_fix_ms,
+                    members: s
+                        .members
+                        .iter()
+                        .map(|&f| self.index.fence(f).id.clone())
+                        .collect(),
+                    pending: s
+                        .pending
+                        .iter()
+                        .map(|&(f, since)| (self.index.fence(f).id.clone(), since))
+                        .collect(),
+                }
+            });
+            out.push((id, snapshot));
+        }
+    }
+
+    /// Puts back a vehicle's committed state (at start, from the store).
+    /// Fences no longer in the fence set are dropped without events, as a
+    /// reload drops them.
+    pub fn restore(&mut self, vehicle: VehicleId, snapshot: &VehicleSnapshot) {
+        let index = &self.index;
+        let mut members: Vec<FenceIdx> = snapshot
+            .members
+            .iter()
+            .filter_map(|id| index.find(id))
+            .collect();
+        members.sort_unstable();
+        members.dedup();
+        members.truncate(self.settings.max_memberships);
+        let pending = snapshot
+            .pending
+            .iter()
+            .filter_map(|(id, since)| index.find(id).map(|f| (f, *since)))
+            .take(self.settings.max_memberships)
+            .collect();
+        self.newest_fix_ms = self.newest_fix_ms.max(snapshot.last_fix_ms);
+        self.vehicles.insert(
+            vehicle,
+            VehicleState {
+                last_fix_ms: snapshot.last_fix_ms,
+                members,
+                pending,
+                changed: false,
+            },
+        );
     }
 
     /// Swaps in a reloaded fence set. Memberships and pending dwells survive

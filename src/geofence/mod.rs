@@ -15,6 +15,7 @@ pub mod shape;
 
 pub use evaluator::{
     Evaluator, EvaluatorSettings, EvaluatorStats, FixOutcome, Transition, TransitionKind,
+    VehicleSnapshot,
 };
 pub use fences::{
     COORDINATE_NOISE_DEG, Fence, FenceDefect, FenceErrors, FenceSummary, LoadedFences, load_fences,

@@ -5,7 +5,9 @@
 //! `received` counts messages the router has taken from the source (a
 //! message still in the intake channel is not yet received, and not yet
 //! acked: `geogate_mqtt_unacked` counts it);
-//! `invalid` those refused by the codec (duplicates included); `shed` those a
+//! `invalid` those refused by the codec (duplicates included, both those
+//! the codec's window caught and those the vehicle state recognised as
+//! already applied after a restart); `shed` those a
 //! gate refused; `evaluated` those the geofence engine applied;
 //! `out_of_order` fixes older than their vehicle's last applied fix, which
 //! changed nothing (counted on their own so that a reordering broker shows
@@ -40,6 +42,10 @@ struct RouterCounts {
 struct WorkerCounts {
     evaluated: AtomicU64,
     out_of_order: AtomicU64,
+    /// Redeliveries the vehicle state recognised (after a restart, past
+    /// the codec's dedup window); counted under `invalid`, reason
+    /// `duplicate`, beside the window's.
+    duplicates: AtomicU64,
     transitions: AtomicU64,
 }
 
@@ -104,14 +110,13 @@ impl Accounting {
         self.router.0.admitted.fetch_add(1, Relaxed);
     }
 
-    pub fn evaluated(&self) {
-        self.workers.0.evaluated.fetch_add(1, Relaxed);
-    }
-
-    /// A fix older than its vehicle's last applied one: finished, but it
-    /// changed nothing.
-    pub fn out_of_order(&self) {
-        self.workers.0.out_of_order.fetch_add(1, Relaxed);
+    /// A batch of admitted fixes finished: applied, older than their
+    /// vehicle's last applied fix (changed nothing), or already applied.
+    pub fn finished(&self, evaluated: u64, out_of_order: u64, duplicates: u64) {
+        let w = &self.workers.0;
+        w.evaluated.fetch_add(evaluated, Relaxed);
+        w.out_of_order.fetch_add(out_of_order, Relaxed);
+        w.duplicates.fetch_add(duplicates, Relaxed);
     }
 
     /// A message taken and never finished (see the field): it stays
@@ -132,7 +137,14 @@ impl Accounting {
     pub fn invalid_by_reason(&self) -> Vec<(Reason, u64)> {
         Reason::ALL
             .iter()
-            .map(|&r| (r, self.router.0.invalid[r as usize].load(Relaxed)))
+            .map(|&r| {
+                let by_router = self.router.0.invalid[r as usize].load(Relaxed);
+                let by_state = match r {
+                    Reason::Duplicate => self.workers.0.duplicates.load(Relaxed),
+                    _ => 0,
+                };
+                (r, by_router + by_state)
+            })
             .collect()
     }
 
@@ -141,10 +153,18 @@ impl Accounting {
         // as in flight rather than double counted.
         let evaluated = self.workers.0.evaluated.load(Relaxed);
         let out_of_order = self.workers.0.out_of_order.load(Relaxed);
+        let duplicates = self.workers.0.duplicates.load(Relaxed);
         let admitted = self.router.0.admitted.load(Relaxed);
         let abandoned = self.router.0.abandoned.load(Relaxed);
         let shed = self.router.0.shed.load(Relaxed);
-        let invalid = self.router.0.invalid.iter().map(|c| c.load(Relaxed)).sum();
+        let invalid = self
+            .router
+            .0
+            .invalid
+            .iter()
+            .map(|c| c.load(Relaxed))
+            .sum::<u64>()
+            + duplicates;
         let received = self.received.0.load(Relaxed);
         Balance {
             received,
@@ -152,7 +172,7 @@ impl Accounting {
             shed,
             evaluated,
             out_of_order,
-            in_queue: (admitted + abandoned).saturating_sub(evaluated + out_of_order),
+            in_queue: (admitted + abandoned).saturating_sub(evaluated + out_of_order + duplicates),
         }
     }
 }

@@ -15,11 +15,13 @@ use crate::admission::{Admission, AdmissionPolicy, GateKind};
 use crate::clock::MonotonicClock;
 use crate::codec::Dedup;
 use crate::config::Config;
-use crate::geofence::{Evaluator, EvaluatorSettings, FenceErrors, FenceIndex, load_fences};
+use crate::geofence::{EvaluatorSettings, FenceErrors, FenceIndex, load_fences};
 use crate::sink::dead_letter::{DeadLetterSink, Recovery};
-use crate::sink::events::EventSink;
 use crate::source::Completions;
 use crate::source::mqtt::{self, Acker, IntakeControl, LiveConnection, poll::PollTask};
+use crate::state::StateError;
+use crate::state::commit::ShardCounters;
+use crate::state::stage::StateStage;
 use accounting::{Accounting, Balance};
 use rumqttc::AsyncClient;
 use shard::input::shaper_lane;
@@ -38,8 +40,13 @@ pub enum PipelineError {
         path: String,
         source: std::io::Error,
     },
-    #[error("events file: {0}")]
-    Events(std::io::Error),
+    #[error("events file {path}: {source}")]
+    Events {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    State(#[from] StateError),
     #[error("config: {0}")]
     Config(String),
     #[error("mqtt: {0}")]
@@ -152,25 +159,39 @@ pub async fn run(
     let accounting = Arc::new(Accounting::default());
     let control = IntakeControl::default();
 
-    // Output connection: transitions and the dead-letter mirror.
-    let needs_output = config.events.mqtt || dl.mqtt_topic.is_some();
-    let output = if needs_output {
+    let (deadline_tx, deadline_rx) = watch::channel(None);
+
+    // Output connection: the dead-letter mirror.
+    let output = if let Some(topic) = &dl.mqtt_topic {
         let id = format!("{}-out", config.mqtt.client_id);
         let options = mqtt::connection(&config.mqtt, &id).map_err(PipelineError::Mqtt)?;
         let (client, mut eventloop) = AsyncClient::new(options, 10_000);
         eventloop.set_network_options(mqtt::network_options(&config.mqtt));
         tokio::spawn(drive_output(eventloop));
-        Some(client)
+        Some(DeadLetterMirror {
+            client,
+            topic: topic.clone(),
+        })
     } else {
         None
     };
-    let events = Arc::new(
-        EventSink::new(
-            config.events.path.as_deref(),
-            output.clone().filter(|_| config.events.mqtt),
-        )
-        .map_err(PipelineError::Events)?,
-    );
+
+    // State: a missing or held state file stops the start here, before
+    // anything is taken from the broker.
+    let events_connection = if config.events.mqtt {
+        let id = format!("{}-events", config.mqtt.client_id);
+        let options = mqtt::connection(&config.mqtt, &id).map_err(PipelineError::Mqtt)?;
+        Some((options, mqtt::network_options(&config.mqtt)))
+    } else {
+        None
+    };
+    let mut stage = StateStage::start(
+        &config.state,
+        config.events.path.as_deref(),
+        events_connection,
+        config.pipeline.shard_count(),
+        deadline_rx.clone(),
+    )?;
 
     // Intake connection.
     let max_unacked = config.mqtt.max_unacked;
@@ -197,7 +218,6 @@ pub async fn run(
         idle_expiry_ms: (config.fences.idle_expiry_s * 1000.0) as i64,
     };
     let clock = MonotonicClock::new();
-    let (deadline_tx, deadline_rx) = watch::channel(None);
     let mut inputs = Vec::with_capacity(shard_count);
     let mut queues = Vec::with_capacity(shard_count);
     let mut workers = Vec::with_capacity(shard_count);
@@ -219,13 +239,16 @@ pub async fn run(
             Admission::new(policy, gate),
             lane,
         ));
-        let evaluator = Evaluator::new(fence_rx.borrow().clone(), settings);
+        let evaluator = stage.evaluator(shard, fence_rx.borrow().clone(), settings);
         let ctx = WorkerContext {
             shard,
             fences: fence_rx.clone(),
-            events: events.clone(),
-            completions: completions.clone(),
-            accounting: accounting.clone(),
+            commits: stage.commits.clone(),
+            counters: Arc::new(ShardCounters::new(
+                shard,
+                accounting.clone(),
+                completions.clone(),
+            )),
             sustained_rate: config.pipeline.sustained_rate,
             deadline: deadline_rx.clone(),
             per_fence_labels: config.metrics.per_fence_labels,
@@ -237,11 +260,7 @@ pub async fn run(
         codec: config.codec.clone(),
         dedup: Dedup::new(config.codec.dedup_window),
         dead_letter,
-        mirror: dl
-            .mqtt_topic
-            .clone()
-            .zip(output)
-            .map(|(topic, client)| DeadLetterMirror { client, topic }),
+        mirror: output,
         completions,
         accounting: accounting.clone(),
         clock,
@@ -275,14 +294,15 @@ pub async fn run(
     let deadline = Instant::now() + Duration::from_secs_f64(config.pipeline.drain_deadline_s);
     let _ = deadline_tx.send(Some(deadline));
     let mut dead_letter = router.await.ok();
+    let state_finished = stage.finish();
     for w in workers {
         let _ = w.await;
     }
+    state_finished.await;
     let _ = acker.await;
     control.acks_flushed();
     let _ = tokio::time::timeout(Duration::from_secs(5), poll).await;
     gauges.abort();
-    events.flush();
     if let Some(dl) = dead_letter.as_mut()
         && let Err(e) = dl.sync()
     {

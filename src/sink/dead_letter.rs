@@ -117,7 +117,11 @@ impl DeadLetterSink {
             file.write_unwritten()?;
         }
         let sink = Self {
-            health: std::sync::Arc::new(SinkHealth::new("dead_letter", path)),
+            health: std::sync::Arc::new(SinkHealth::new(
+                "dead_letter",
+                path,
+                "its message stays unacked",
+            )),
             file,
             rotate_bytes,
             fsync,

@@ -15,6 +15,8 @@ use tokio::sync::watch;
 pub struct SinkHealth {
     sink: &'static str,
     path: String,
+    /// What waits while the sink fails, for the log line.
+    held: &'static str,
     healthy: metrics::Gauge,
     failures: metrics::Counter,
     /// Callers inside [`retry_until`] right now.
@@ -24,13 +26,15 @@ pub struct SinkHealth {
 }
 
 impl SinkHealth {
-    /// `sink` is the metric label: `dead_letter` or `events`.
-    pub fn new(sink: &'static str, path: &Path) -> Self {
+    /// `sink` is the metric label: `dead_letter` or `events`; `held` says
+    /// what waits while it fails.
+    pub fn new(sink: &'static str, path: &Path, held: &'static str) -> Self {
         let healthy = metrics::gauge!("geogate_sink_healthy", "sink" => sink);
         healthy.set(1.0);
         Self {
             sink,
             path: path.display().to_string(),
+            held,
             healthy,
             failures: metrics::counter!("geogate_sink_write_failures_total", "sink" => sink),
             failing: AtomicUsize::new(0),
@@ -46,9 +50,10 @@ impl SinkHealth {
         // is still visible without flooding the log.
         if attempt % 10 == 1 {
             tracing::error!(
-                "{} {}: {e}; its message stays unacked; attempt {attempt} failed, retrying in {wait:?}",
+                "{} {}: {e}; {}; attempt {attempt} failed, retrying in {wait:?}",
                 self.sink,
                 self.path,
+                self.held,
             );
         }
     }

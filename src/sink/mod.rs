@@ -1,14 +1,14 @@
-//! Where events leave geogate: transitions to their consumers, refusals to
-//! the dead letter.
+//! Files that records leave geogate through, and how they fail: the dead
+//! letter (every refusal) here, the events file through `state::relay`.
 //!
 //! A sink that cannot write never loses and never wedges: what it could
-//! not write stays in memory ([`append_file::AppendFile`]), the message
-//! behind it stays unacked, and the caller retries with backoff
+//! not write stays in memory ([`append_file::AppendFile`]), what depends on
+//! it waits (a refused message stays unacked; committed transitions stay
+//! in the outbox), and the caller retries with backoff
 //! ([`health::retry_until`]) until the sink recovers or shutdown's drain
 //! deadline passes.
 
 pub mod append_file;
 pub mod dead_letter;
-pub mod events;
 pub mod health;
 pub mod payload;

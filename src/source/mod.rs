@@ -21,6 +21,9 @@ pub struct Envelope {
     pub payload: bytes::Bytes,
     /// Monotonic receive time, for end-to-end latency.
     pub received_at: std::time::Instant,
+    /// The broker marked it as sent before (MQTT DUP): it may have been
+    /// applied by a process that crashed before acking it.
+    pub redelivered: bool,
 }
 
 /// Opaque to the pipeline: the source numbers its messages in receive order.

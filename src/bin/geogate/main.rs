@@ -45,6 +45,11 @@ enum Command {
         /// Start the embedded broker (rumqttd) on 127.0.0.1 and use it.
         #[arg(long)]
         embedded_broker: bool,
+        /// Start from no per-vehicle state, deleting the `[state] path`
+        /// file: vehicles inside fences get a fresh enter. Never implied:
+        /// a missing or stale state file is otherwise an error.
+        #[arg(long)]
+        reset_state: bool,
     },
     /// The whole product in one command: embedded broker, pipeline, the
     /// bundled shift-change capture, live progress and an HTML report.
@@ -245,7 +250,8 @@ fn main() -> Result<ExitCode> {
         Command::Run {
             config,
             embedded_broker,
-        } => run(config, embedded_broker),
+            reset_state,
+        } => run(config, embedded_broker, reset_state),
         Command::Demo { config } => commands::demo(config),
         Command::Record {
             mqtt,
@@ -366,7 +372,7 @@ fn fences_check(file: PathBuf, format: Format) -> Result<ExitCode> {
     }
 }
 
-fn run(config_path: Option<PathBuf>, embedded_broker: bool) -> Result<ExitCode> {
+fn run(config_path: Option<PathBuf>, embedded_broker: bool, reset_state: bool) -> Result<ExitCode> {
     use geogate::config::Config;
     let Some(config_path) = config_path else {
         eprintln!(
@@ -395,6 +401,7 @@ fn run(config_path: Option<PathBuf>, embedded_broker: bool) -> Result<ExitCode> 
             return Ok(ExitCode::from(2));
         }
     };
+    config.state.reset = reset_state;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -28,6 +28,8 @@ pub struct Admitted {
     pub lat: f64,
     pub lon: f64,
     pub received_at: Instant,
+    /// See [`crate::source::Envelope::redelivered`].
+    pub redelivered: bool,
 }
 
 /// Stable across runs and platforms (SipHash with fixed keys), so a vehicle

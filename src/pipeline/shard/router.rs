@@ -154,6 +154,8 @@ impl<C: Clock> Router<C> {
             if self.dedup.first_sighting(&t.vehicle, t.fix_time_ms) {
                 Ok(t)
             } else {
+                metrics::counter!("geogate_duplicates_ignored_total", "by" => "window")
+                    .increment(1);
                 Err(codec::DecodeError::new(
                     Reason::Duplicate,
                     format!("({}, {}) already seen", t.vehicle, t.fix_time_ms),
@@ -189,6 +191,7 @@ impl<C: Clock> Router<C> {
             lat: fix.lat,
             lon: fix.lon,
             received_at: item.received_at,
+            redelivered: item.redelivered,
         };
         let now = self.clock.now();
         let shard = &mut self.shards[shard_index];
@@ -339,6 +342,7 @@ mod tests {
                 topic: record.topic.clone(),
                 payload: record.payload_bytes().into(),
                 received_at: Instant::now(),
+                redelivered: false,
             };
             let verdict = if step.fill >= capacity {
                 // Decided at the full queue; a High event then waits until

@@ -1,27 +1,29 @@
-//! A shard worker: drains its queue in batches into the evaluator, writes
-//! each fix's transitions, and only then reports the fix finished (so its
-//! ack never precedes its transitions). A write that fails is retried with
-//! backoff, the fix staying unfinished, until the sink recovers or the
-//! drain deadline passes.
+//! A shard worker: drains its queue in batches into the evaluator and
+//! hands each batch (the vehicles it changed, the transitions it produced,
+//! its messages) to the committer. Nothing is acked here: a message is
+//! finished only once its batch is committed (see `state::commit`).
 
 use super::Admitted;
-use crate::geofence::{Evaluator, FenceIndex, FixOutcome, TransitionKind};
-use crate::pipeline::accounting::Accounting;
-use crate::sink::events::EventSink;
-use crate::sink::health::{retry_until, wait_deadline};
-use crate::source::Completions;
+use crate::geofence::{Evaluator, FenceIndex, FixOutcome, TransitionKind, VehicleSnapshot};
+use crate::model::VehicleId;
+use crate::sink::health::wait_deadline;
+use crate::state::commit::{CommitRequest, Finished, ShardCounters};
+use crate::state::record;
 use metrics::Histogram;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
+/// Most fixes taken from the queue per batch (and so per commit request).
+const BATCH: usize = 256;
+
 /// Everything a worker needs besides its queue.
 pub struct WorkerContext {
     pub shard: usize,
     pub fences: watch::Receiver<Arc<FenceIndex>>,
-    pub events: Arc<EventSink>,
-    pub completions: Completions,
-    pub accounting: Arc<Accounting>,
+    /// Where batches go to be committed and finished.
+    pub commits: mpsc::Sender<CommitRequest>,
+    pub counters: Arc<ShardCounters>,
     /// Evaluations per second cap; 0 = none.
     pub sustained_rate: f64,
     /// Set at shutdown: stop at this instant even if the queue is not empty.
@@ -37,30 +39,29 @@ pub async fn worker(
     mut evaluator: Evaluator,
     mut ctx: WorkerContext,
 ) {
-    let label = ctx.shard.to_string();
-    let evaluated = metrics::counter!("geogate_events_evaluated_total", "shard" => label);
-    let out_of_order = metrics::counter!("geogate_fixes_out_of_order_total");
     let overflow = metrics::counter!("geogate_membership_overflow_total");
     let mut overflow_seen = 0;
     let eval_time: Histogram = metrics::histogram!("geogate_evaluation_duration_seconds");
-    let latency: Histogram = metrics::histogram!("geogate_end_to_end_latency_seconds");
     let transitions_metric = [TransitionKind::Enter, TransitionKind::Exit]
         .map(|k| metrics::counter!("geogate_fence_transitions_total", "kind" => k.as_str()));
     let pace =
         (ctx.sustained_rate > 0.0).then(|| Duration::from_secs_f64(1.0 / ctx.sustained_rate));
     let mut next_slot = Instant::now();
-    let mut transitions = Vec::new();
-    let mut batch = Vec::with_capacity(256);
+    let mut batch = Vec::with_capacity(BATCH);
+    let mut changed: Vec<(VehicleId, Option<VehicleSnapshot>)> = Vec::new();
     'batches: loop {
         // One wake-up per batch, not per event: measured in
         // benches/pipeline.rs, per-event parking cost a third of the time.
         let received = tokio::select! {
-            n = rx.recv_many(&mut batch, 256) => n,
+            n = rx.recv_many(&mut batch, BATCH) => n,
             _ = wait_deadline(&mut ctx.deadline) => 0,
         };
         if received == 0 {
             break;
         }
+        let mut finished = Finished::new(ctx.counters.clone());
+        let mut transitions = Vec::new();
+        let mut past_deadline = false;
         // Read under the watch's lock once per batch, and again only when
         // it changes (a lock-free check): every worker shares that lock.
         let mut deadline = *ctx.deadline.borrow();
@@ -70,7 +71,8 @@ pub async fn worker(
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 // Past the drain deadline: what is left stays unacked.
-                break 'batches;
+                past_deadline = true;
+                break;
             }
             if ctx.fences.has_changed().unwrap_or(false) {
                 let index = ctx.fences.borrow_and_update().clone();
@@ -84,49 +86,54 @@ pub async fn worker(
                 next_slot = next_slot.max(now) + pace;
             }
             let started = Instant::now();
-            transitions.clear();
-            let outcome = evaluator.evaluate(
+            let before = transitions.len();
+            let outcome = evaluator.evaluate_delivery(
                 &item.vehicle,
                 item.fix_ms,
                 item.lat,
                 item.lon,
+                item.redelivered,
                 &mut transitions,
             );
             eval_time.record(started.elapsed().as_secs_f64());
-            let overflowed = evaluator.stats().membership_overflow;
-            if overflowed > overflow_seen {
-                overflow.increment(overflowed - overflow_seen);
-                overflow_seen = overflowed;
-            }
-            if let Err(first) = ctx.events.write(&transitions) {
-                let events = &ctx.events;
-                if !retry_until(events.health(), &mut ctx.deadline, first, || events.retry()).await
-                {
-                    // Shutdown came first: this fix and the rest stay
-                    // unacked and come back after the restart.
-                    break 'batches;
-                }
-            }
-            ctx.events.publish(&transitions).await;
-            for t in &transitions {
+            for t in &transitions[before..] {
                 transitions_metric[t.event as usize].increment(1);
                 if ctx.per_fence_labels {
                     metrics::counter!("geogate_fence_transitions_by_fence_total", "fence" => t.fence.to_string(), "kind" => t.event.as_str()).increment(1);
                 }
             }
-            ctx.accounting.transitions(transitions.len() as u64);
             match outcome {
-                FixOutcome::Applied => {
-                    ctx.accounting.evaluated();
-                    evaluated.increment(1);
-                }
-                FixOutcome::OutOfOrder => {
-                    ctx.accounting.out_of_order();
-                    out_of_order.increment(1);
-                }
+                FixOutcome::Applied => finished.evaluated += 1,
+                FixOutcome::OutOfOrder => finished.out_of_order += 1,
+                FixOutcome::Duplicate => finished.duplicates += 1,
             }
-            latency.record(item.received_at.elapsed().as_secs_f64());
-            ctx.completions.done(item.token);
+            finished.messages.push((item.token, item.received_at));
+        }
+        finished.transitions = transitions.len() as u64;
+        let overflowed = evaluator.stats().membership_overflow;
+        if overflowed > overflow_seen {
+            overflow.increment(overflowed - overflow_seen);
+            overflow_seen = overflowed;
+        }
+        evaluator.take_changed(&mut changed);
+        let vehicles = changed
+            .drain(..)
+            .map(|(id, snapshot)| {
+                let bytes = snapshot.map(|s| {
+                    let mut bytes = Vec::with_capacity(32);
+                    record::encode(&s, &mut bytes);
+                    bytes
+                });
+                (id, bytes)
+            })
+            .collect();
+        let request = CommitRequest {
+            vehicles,
+            transitions,
+            finished,
+        };
+        if ctx.commits.send(request).await.is_err() || past_deadline {
+            break 'batches;
         }
     }
 }

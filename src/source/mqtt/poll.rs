@@ -155,6 +155,7 @@ impl Handoff {
             topic: std::mem::take(&mut publish.topic),
             payload: std::mem::take(&mut publish.payload),
             received_at: std::time::Instant::now(),
+            redelivered: publish.dup,
         };
         if let Some(token) = token {
             let _ = registrations.send(Registration {

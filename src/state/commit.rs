@@ -1,0 +1,250 @@
+//! Group commit: one thread owns the store and commits whatever batches the
+//! shard workers have handed it since its last commit in one transaction,
+//! so the cost of a commit is shared by every batch waiting for it.
+//!
+//! Order of effects, for each transaction (the exactly-once argument in
+//! ARCHITECTURE.md rests on it): vehicle records and outbox entries are
+//! committed together; only then are the batches' messages acked (durable
+//! store) and the entries handed to the relay. With the memory store, which
+//! survives nothing, the relay acks once the events file has the lines.
+
+use super::outbox::OutboxEntry;
+use super::{CommitBatch, Store, VehicleChange, crash_point};
+use crate::backoff::Backoff;
+use crate::geofence::Transition;
+use crate::pipeline::accounting::Accounting;
+use crate::source::{AckToken, Completions};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, watch};
+
+/// Batches waiting beyond this many are left for the next transaction, so
+/// that one transaction (and the acks behind it) stays short.
+const MAX_BATCHES_PER_COMMIT: usize = 64;
+
+/// One worker batch: what it changed and what finishing it means.
+pub struct CommitRequest {
+    pub vehicles: Vec<VehicleChange>,
+    pub transitions: Vec<Transition>,
+    pub finished: Finished,
+}
+
+/// Counts for one shard, kept as metric handles (no lookups per batch).
+pub struct ShardCounters {
+    evaluated: metrics::Counter,
+    out_of_order: metrics::Counter,
+    duplicates: metrics::Counter,
+    latency: metrics::Histogram,
+    accounting: Arc<Accounting>,
+    completions: Completions,
+}
+
+impl ShardCounters {
+    pub fn new(shard: usize, accounting: Arc<Accounting>, completions: Completions) -> Self {
+        Self {
+            evaluated: metrics::counter!("geogate_events_evaluated_total", "shard" => shard.to_string()),
+            out_of_order: metrics::counter!("geogate_fixes_out_of_order_total"),
+            duplicates: metrics::counter!("geogate_duplicates_ignored_total", "by" => "state"),
+            latency: metrics::histogram!("geogate_end_to_end_latency_seconds"),
+            accounting,
+            completions,
+        }
+    }
+}
+
+/// A batch's messages, finished together once its effects are safe: each
+/// counted where the accounting line says, its latency recorded, its token
+/// acked. Dropped unfinished (shutdown before the commit), they stay
+/// unacked and `in_queue`, and come back after the restart.
+pub struct Finished {
+    pub counters: Arc<ShardCounters>,
+    pub messages: Vec<(Option<AckToken>, Instant)>,
+    pub evaluated: u64,
+    pub out_of_order: u64,
+    pub duplicates: u64,
+    pub transitions: u64,
+}
+
+impl Finished {
+    pub fn new(counters: Arc<ShardCounters>) -> Self {
+        Self {
+            counters,
+            messages: Vec::new(),
+            evaluated: 0,
+            out_of_order: 0,
+            duplicates: 0,
+            transitions: 0,
+        }
+    }
+
+    pub fn complete(self) {
+        let c = &self.counters;
+        c.accounting
+            .finished(self.evaluated, self.out_of_order, self.duplicates);
+        c.evaluated.increment(self.evaluated);
+        c.out_of_order.increment(self.out_of_order);
+        c.duplicates.increment(self.duplicates);
+        if self.duplicates > 0 {
+            metrics::counter!("geogate_events_invalid_total", "reason" => "duplicate")
+                .increment(self.duplicates);
+        }
+        for (token, received_at) in self.messages {
+            c.latency.record(received_at.elapsed().as_secs_f64());
+            c.completions.done(token);
+        }
+    }
+}
+
+/// The relay's progress, read by each commit to prune the outbox.
+#[derive(Debug)]
+pub struct Cursors {
+    pub file: AtomicU64,
+    pub mqtt: AtomicU64,
+}
+
+/// Committed entries on their way to the relay, with the messages it must
+/// finish after writing them (memory store only).
+pub struct Committed {
+    pub entries: Vec<OutboxEntry>,
+    pub finished: Vec<Finished>,
+}
+
+pub struct Committer {
+    pub store: Box<dyn Store>,
+    pub next_seq: u64,
+    pub cursors: Arc<Cursors>,
+    pub relay: mpsc::UnboundedSender<Committed>,
+    /// Told when the relay has stopped, for the last prune.
+    pub relay_done: std::sync::mpsc::Receiver<()>,
+    pub deadline: watch::Receiver<Option<Instant>>,
+}
+
+impl Committer {
+    /// Runs on its own thread until every worker has gone, then waits for
+    /// the relay and records its final cursors.
+    pub fn run(mut self, mut requests: mpsc::Receiver<CommitRequest>) {
+        let duration = metrics::histogram!("geogate_state_commit_duration_seconds");
+        let batches_per_commit = metrics::histogram!("geogate_state_commit_batches");
+        let size = metrics::gauge!("geogate_state_store_bytes");
+        let failures = metrics::counter!("geogate_sink_write_failures_total", "sink" => "state");
+        let healthy = metrics::gauge!("geogate_sink_healthy", "sink" => "state");
+        healthy.set(1.0);
+        size.set(self.store.size_bytes() as f64);
+        let mut last_size_check = Instant::now();
+        let mut waiting = Vec::with_capacity(MAX_BATCHES_PER_COMMIT);
+        while let Some(first) = requests.blocking_recv() {
+            waiting.push(first);
+            while waiting.len() < MAX_BATCHES_PER_COMMIT {
+                match requests.try_recv() {
+                    Ok(more) => waiting.push(more),
+                    Err(_) => break,
+                }
+            }
+            batches_per_commit.record(waiting.len() as f64);
+            let mut batch = CommitBatch::default();
+            let mut finished = Vec::with_capacity(waiting.len());
+            let first_seq = self.next_seq;
+            for request in waiting.drain(..) {
+                batch.vehicles.extend(request.vehicles);
+                for t in &request.transitions {
+                    batch.outbox.push(OutboxEntry::new(self.next_seq, t));
+                    self.next_seq += 1;
+                }
+                finished.push(request.finished);
+            }
+            batch.next_seq = self.next_seq;
+            batch.file_cursor = self.cursors.file.load(Relaxed);
+            batch.mqtt_cursor = self.cursors.mqtt.load(Relaxed);
+            crash_point::reached("commit.before");
+            let started = Instant::now();
+            if !self.commit_until_deadline(&batch, &failures, &healthy) {
+                // Shutdown came first: nothing of this batch happened.
+                self.next_seq = first_seq;
+                tracing::error!(
+                    "state: {} message(s) left unacked at the drain deadline, after a commit that kept failing",
+                    finished.iter().map(|f| f.messages.len()).sum::<usize>()
+                );
+                continue;
+            }
+            duration.record(started.elapsed().as_secs_f64());
+            crash_point::reached("commit.after");
+            let finished = if self.store.durable() {
+                finished.into_iter().for_each(Finished::complete);
+                Vec::new()
+            } else {
+                finished
+            };
+            let _ = self.relay.send(Committed {
+                entries: batch.outbox,
+                finished,
+            });
+            if last_size_check.elapsed() >= Duration::from_secs(1) {
+                size.set(self.store.size_bytes() as f64);
+                last_size_check = Instant::now();
+            }
+        }
+        // Every worker is gone: let the relay finish, then record where it
+        // got to so that a clean restart republishes nothing.
+        let Self {
+            mut store,
+            next_seq,
+            cursors,
+            relay,
+            relay_done,
+            ..
+        } = self;
+        drop(relay);
+        let _ = relay_done.recv_timeout(Duration::from_secs(30));
+        let last = CommitBatch {
+            next_seq,
+            file_cursor: cursors.file.load(Relaxed),
+            mqtt_cursor: cursors.mqtt.load(Relaxed),
+            ..CommitBatch::default()
+        };
+        if let Err(e) = store.commit(&last) {
+            tracing::warn!("state: recording the relay's final position: {e}");
+        }
+        size.set(store.size_bytes() as f64);
+    }
+
+    /// Commits, retrying with backoff while the store fails, until it works
+    /// (true) or the drain deadline passes (false).
+    fn commit_until_deadline(
+        &mut self,
+        batch: &CommitBatch,
+        failures: &metrics::Counter,
+        healthy: &metrics::Gauge,
+    ) -> bool {
+        let mut backoff = Backoff::new();
+        let mut attempt = 0u64;
+        loop {
+            match self.store.commit(batch) {
+                Ok(()) => {
+                    if attempt > 0 {
+                        tracing::info!("state: committing again after {attempt} failed attempts");
+                        healthy.set(1.0);
+                    }
+                    return true;
+                }
+                Err(e) => {
+                    attempt += 1;
+                    failures.increment(1);
+                    healthy.set(0.0);
+                    let wait = backoff.step();
+                    if attempt % 10 == 1 {
+                        tracing::error!(
+                            "{e}; the batch's messages stay unacked; attempt {attempt} failed, retrying in {wait:?}"
+                        );
+                    }
+                    if let Some(at) = *self.deadline.borrow()
+                        && Instant::now() + wait >= at
+                    {
+                        return false;
+                    }
+                    std::thread::sleep(wait);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! Where the events file says the relay stopped.
+//!
+//! The file, not the store, is the truth for what it holds: a crash between
+//! writing lines and recording the cursor leaves the store behind the file,
+//! so at start the relay resumes after the seq on the file's last line. A
+//! line torn by a crash mid-write is cut off first (its transition is still
+//! in the outbox, since the cursor only moves after a whole write).
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom};
+use std::path::Path;
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Tail {
+    /// Seq on the last complete line, if it has one (lines written before
+    /// seqs existed have none).
+    pub last_seq: Option<u64>,
+    /// The file holds at least one complete line.
+    pub has_lines: bool,
+    /// Bytes of a torn last line that were cut off.
+    pub torn_bytes: u64,
+}
+
+/// Reads the tail of `path`, cutting off a torn last line. A missing file
+/// is an empty one.
+pub fn recover(path: &Path) -> io::Result<Tail> {
+    let mut file = match OpenOptions::new().read(true).write(true).open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Tail::default()),
+        Err(e) => return Err(e),
+    };
+    let len = file.metadata()?.len();
+    let Some(end) = last_newline(&mut file, len)? else {
+        // Not one complete line: all of it is torn.
+        if len > 0 {
+            file.set_len(0)?;
+        }
+        return Ok(Tail {
+            torn_bytes: len,
+            ..Tail::default()
+        });
+    };
+    let torn_bytes = len - (end + 1);
+    if torn_bytes > 0 {
+        file.set_len(end + 1)?;
+        file.sync_data()?;
+    }
+    let start = match last_newline(&mut file, end)? {
+        Some(previous) => previous + 1,
+        None => 0,
+    };
+    let mut line = vec![0; (end - start) as usize];
+    file.seek(SeekFrom::Start(start))?;
+    file.read_exact(&mut line)?;
+    let last_seq = serde_json::from_slice::<serde_json::Value>(&line)
+        .ok()
+        .and_then(|v| v.get("seq").and_then(serde_json::Value::as_u64));
+    Ok(Tail {
+        last_seq,
+        has_lines: true,
+        torn_bytes,
+    })
+}
+
+/// Offset of the last `\n` before `before`, reading backwards in chunks.
+fn last_newline(file: &mut File, before: u64) -> io::Result<Option<u64>> {
+    const CHUNK: u64 = 64 * 1024;
+    let mut end = before;
+    let mut buf = vec![0; CHUNK as usize];
+    while end > 0 {
+        let start = end.saturating_sub(CHUNK);
+        let chunk = &mut buf[..(end - start) as usize];
+        file.seek(SeekFrom::Start(start))?;
+        file.read_exact(chunk)?;
+        if let Some(i) = chunk.iter().rposition(|&b| b == b'\n') {
+            return Ok(Some(start + i as u64));
+        }
+        end = start;
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tail_of(content: &[u8]) -> (Tail, Vec<u8>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.ndjson");
+        std::fs::write(&path, content).unwrap();
+        let tail = recover(&path).unwrap();
+        (tail, std::fs::read(&path).unwrap())
+    }
+
+    #[test]
+    fn resumes_after_the_last_whole_line_and_cuts_a_torn_one() {
+        let whole = b"{\"seq\":1}\n{\"seq\":2}\n";
+        let (tail, left) = tail_of(whole);
+        assert_eq!(
+            (tail.last_seq, tail.has_lines, tail.torn_bytes),
+            (Some(2), true, 0)
+        );
+        assert_eq!(left, whole);
+
+        let (tail, left) = tail_of(b"{\"seq\":1}\n{\"seq\":2}\n{\"se");
+        assert_eq!((tail.last_seq, tail.torn_bytes), (Some(2), 4));
+        assert_eq!(left, whole);
+
+        let (tail, left) = tail_of(b"{\"se");
+        assert_eq!(
+            (tail.last_seq, tail.has_lines, tail.torn_bytes),
+            (None, false, 4)
+        );
+        assert!(left.is_empty());
+
+        // A line from before seqs: history without a seq.
+        let (tail, _) = tail_of(b"{\"vehicle\":\"v\"}\n");
+        assert_eq!((tail.last_seq, tail.has_lines), (None, true));
+
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(recover(&dir.path().join("none")).unwrap(), Tail::default());
+    }
+
+    #[test]
+    fn finds_a_line_across_chunk_boundaries() {
+        let mut content = Vec::new();
+        content.extend_from_slice(b"{\"seq\":41}\n");
+        content.extend_from_slice(
+            format!("{{\"seq\":42,\"pad\":\"{}\"}}\n", "x".repeat(100_000)).as_bytes(),
+        );
+        let (tail, _) = tail_of(&content);
+        assert_eq!(tail.last_seq, Some(42));
+    }
+}

@@ -1,0 +1,207 @@
+//! Per-vehicle state that outlives the process, and the outbox that makes
+//! each transition leave exactly once.
+//!
+//! * [`record`]: a vehicle's state as bytes;
+//! * [`outbox`]: a transition as the line that leaves (stable id, seq);
+//! * [`embedded`]: the SQLite store (`[state] backend = "embedded"`);
+//! * [`commit`]: the one thread that commits every shard's batches;
+//! * [`relay`]: committed transitions out to the events file and MQTT;
+//! * [`stage`]: all of it started (and finished) as the pipeline needs;
+//! * [`events_file`]: where the events file's tail says the relay stopped;
+//! * [`crash_point`]: where tests stop the process to SIGKILL it.
+//!
+//! The seam is [`Store`]: a batch of vehicle records and outbox entries
+//! committed in one transaction, and everything committed read back at
+//! start. The memory backend keeps nothing (benchmarks, `eval`, labs).
+//! ARCHITECTURE.md walks through the exactly-once argument.
+
+pub mod commit;
+pub mod crash_point;
+pub mod embedded;
+pub mod events_file;
+pub mod outbox;
+pub mod record;
+pub mod relay;
+pub mod stage;
+
+use crate::config::{StateBackend, StateConfig};
+use crate::geofence::VehicleSnapshot;
+use crate::model::VehicleId;
+use outbox::OutboxEntry;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error(
+        "state file {path} is missing, but the events file {events} already holds transitions{}: starting without the state would repeat every enter. Restore the file, or pass --reset-state to start from no memberships",
+        last_seq.map(|s| format!(" (last seq {s})")).unwrap_or_default()
+    )]
+    Missing {
+        path: PathBuf,
+        events: PathBuf,
+        last_seq: Option<u64>,
+    },
+    #[error(
+        "state file {path} is held open by another process (another geogate?); each geogate needs a state file of its own"
+    )]
+    Held { path: PathBuf },
+    #[error(
+        "state file {path} ends at seq {store_seq}, but the events file {events} already has seq {file_seq}: the state is older than the events it produced (restored from a backup, or cut short by a power loss with fsync = \"flush\"). Restore a newer state file, or pass --reset-state"
+    )]
+    Behind {
+        path: PathBuf,
+        store_seq: u64,
+        events: PathBuf,
+        file_seq: u64,
+    },
+    #[error("state file {path}: vehicle {vehicle:?}: {source}")]
+    Corrupt {
+        path: PathBuf,
+        vehicle: String,
+        source: record::RecordError,
+    },
+    #[error("state file {path}: {source}")]
+    Sqlite {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("state file {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("events file {path}: {source}")]
+    EventsFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// One vehicle's new state, encoded by [`record::encode`]; `None` deletes
+/// it (idle expiry).
+pub type VehicleChange = (VehicleId, Option<Vec<u8>>);
+
+/// What one transaction writes.
+#[derive(Debug, Default)]
+pub struct CommitBatch {
+    pub vehicles: Vec<VehicleChange>,
+    pub outbox: Vec<OutboxEntry>,
+    /// The seq the next transition will get.
+    pub next_seq: u64,
+    /// The relay's progress: outbox entries at or below both are gone.
+    pub file_cursor: u64,
+    pub mqtt_cursor: u64,
+}
+
+/// Everything committed, read back at start.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    pub vehicles: Vec<(VehicleId, VehicleSnapshot)>,
+    /// Committed transitions the relay had not confirmed, in seq order.
+    pub outbox: Vec<OutboxEntry>,
+    pub next_seq: u64,
+    pub mqtt_cursor: u64,
+    /// The store was created by this start (first run or reset).
+    pub created: bool,
+}
+
+/// The seam both backends (and a Redis one) fit.
+pub trait Store: Send {
+    /// Commits the batch atomically: all of it or none of it survives a
+    /// crash.
+    fn commit(&mut self, batch: &CommitBatch) -> Result<(), StateError>;
+    /// Bytes the store occupies now (file and log).
+    fn size_bytes(&self) -> u64;
+    /// Whether a commit survives a process crash; if not, messages are
+    /// acked only once their transitions are in the events file.
+    fn durable(&self) -> bool;
+}
+
+/// Keeps nothing: today's behaviour for benchmarks, `eval` and the labs.
+pub struct MemoryStore;
+
+impl Store for MemoryStore {
+    fn commit(&mut self, _: &CommitBatch) -> Result<(), StateError> {
+        Ok(())
+    }
+    fn size_bytes(&self) -> u64 {
+        0
+    }
+    fn durable(&self) -> bool {
+        false
+    }
+}
+
+/// An opened store, what it held, and where the events file stopped.
+pub struct Opened {
+    pub store: Box<dyn Store>,
+    pub recovered: Recovered,
+    /// Seq of the events file's last line (0: none).
+    pub file_seq: u64,
+}
+
+/// Opens the configured backend, checked against the events file so that a
+/// lost or stale state file is an error rather than a silent reset.
+pub fn open(config: &StateConfig, events: Option<&Path>) -> Result<Opened, StateError> {
+    let tail = match events {
+        Some(path) => events_file::recover(path).map_err(|source| StateError::EventsFile {
+            path: path.to_owned(),
+            source,
+        })?,
+        None => events_file::Tail::default(),
+    };
+    if tail.torn_bytes > 0
+        && let Some(path) = events
+    {
+        tracing::warn!(
+            "events file {}: removed a torn last line ({} bytes) left by a crash mid-write; its transition is still in the outbox and is written again",
+            path.display(),
+            tail.torn_bytes
+        );
+    }
+    let file_seq = tail.last_seq.unwrap_or(0);
+    match config.backend {
+        StateBackend::Memory => Ok(Opened {
+            store: Box::new(MemoryStore),
+            recovered: Recovered {
+                next_seq: file_seq + 1,
+                created: true,
+                ..Recovered::default()
+            },
+            file_seq,
+        }),
+        StateBackend::Embedded => {
+            let path = &config.path;
+            if !config.reset
+                && !path.exists()
+                && tail.has_lines
+                && let Some(events) = events
+            {
+                return Err(StateError::Missing {
+                    path: path.clone(),
+                    events: events.to_owned(),
+                    last_seq: tail.last_seq,
+                });
+            }
+            let (store, mut recovered) = embedded::EmbeddedStore::open(path, config)?;
+            let store_seq = recovered.next_seq.saturating_sub(1);
+            if file_seq > store_seq {
+                if !recovered.created {
+                    return Err(StateError::Behind {
+                        path: path.clone(),
+                        store_seq,
+                        events: events.map(Path::to_owned).unwrap_or_default(),
+                        file_seq,
+                    });
+                }
+                // A reset: keep numbering after the file's last line.
+                recovered.next_seq = file_seq + 1;
+            }
+            Ok(Opened {
+                store: Box::new(store),
+                recovered,
+                file_seq,
+            })
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! Transitions as they leave geogate: one NDJSON line each, carrying a
+//! sequence number (its place in the outbox, gap-free and increasing across
+//! restarts) and a stable `id`.
+//!
+//! The id is a hash of what the transition is (vehicle, fence, kind, fix
+//! time), not of when it was produced: a fix evaluated again after a crash
+//! before its commit produces the same transition with the same id, so a
+//! consumer that keeps the ids it has seen drops every repeat, whichever
+//! path (MQTT redelivery, a replayed outbox) it came by.
+
+use crate::geofence::Transition;
+use crate::model::VehicleId;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+/// One committed transition, ready for the file and MQTT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxEntry {
+    pub seq: u64,
+    /// For the MQTT topic `geogate/events/{vehicle}`.
+    pub vehicle: VehicleId,
+    /// The JSON line, without its newline.
+    pub line: Vec<u8>,
+}
+
+#[derive(Serialize)]
+struct Line<'a> {
+    id: &'a str,
+    seq: u64,
+    #[serde(flatten)]
+    transition: &'a Transition,
+}
+
+/// 128 bits of SHA-256 over the transition's identity, as hex.
+pub fn transition_id(t: &Transition) -> String {
+    let mut h = Sha256::new();
+    for part in [
+        t.vehicle.as_bytes(),
+        t.fence.as_bytes(),
+        t.event.as_str().as_bytes(),
+    ] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    h.update(t.ts.to_le_bytes());
+    let digest = h.finalize();
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl OutboxEntry {
+    pub fn new(seq: u64, t: &Transition) -> Self {
+        let id = transition_id(t);
+        let line = Line {
+            id: &id,
+            seq,
+            transition: t,
+        };
+        // Serializing strings and integers cannot fail.
+        let line = serde_json::to_vec(&line).unwrap_or_default();
+        Self {
+            seq,
+            vehicle: t.vehicle.clone(),
+            line,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::geofence::TransitionKind;
+
+    fn enter(ts: i64) -> Transition {
+        Transition {
+            vehicle: "v1".into(),
+            fence: "A".into(),
+            event: TransitionKind::Enter,
+            ts,
+        }
+    }
+
+    #[test]
+    fn the_id_names_the_transition_not_its_place() {
+        let a = OutboxEntry::new(7, &enter(1000));
+        let again = OutboxEntry::new(12, &enter(1000));
+        let later = OutboxEntry::new(13, &enter(1001));
+        let line = |e: &OutboxEntry| serde_json::from_slice::<serde_json::Value>(&e.line).unwrap();
+        assert_eq!(line(&a)["id"], line(&again)["id"]);
+        assert_ne!(line(&a)["id"], line(&later)["id"]);
+        assert_eq!(line(&a)["seq"], 7);
+        assert_eq!(line(&a)["vehicle"], "v1");
+        assert_eq!(line(&a)["event"], "enter");
+        assert_eq!(line(&a)["id"].as_str().map(str::len), Some(32));
+        // Field boundaries count: ("ab","c") is not ("a","bc").
+        let split = |v: &str, f: &str| {
+            transition_id(&Transition {
+                vehicle: v.into(),
+                fence: f.into(),
+                ..enter(1)
+            })
+        };
+        assert_ne!(split("ab", "c"), split("a", "bc"));
+    }
+}

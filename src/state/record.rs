@@ -1,0 +1,186 @@
+//! A vehicle's stored state as bytes: a version byte, the last applied fix
+//! time, then length-prefixed fence ids. Binary rather than JSON because the
+//! store must hold a million vehicles in ≤ 300 bytes each and every batch
+//! encodes each vehicle it touched (BENCHMARKS.md has both figures).
+//!
+//! Layout (version 1): `1`, `last_fix_ms` (i64 LE), varint member count,
+//! each member as varint length + UTF-8 id, varint pending count, each
+//! pending dwell as varint length + UTF-8 id + first fix time (i64 LE).
+
+use crate::geofence::VehicleSnapshot;
+use crate::model::FenceId;
+
+const VERSION: u8 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    #[error("unknown record version {0} (this geogate reads version {VERSION})")]
+    Version(u8),
+    #[error("record ends early at byte {0}")]
+    Truncated(usize),
+    #[error("fence id at byte {0} is not UTF-8")]
+    NotUtf8(usize),
+    #[error("{0} bytes left over after the record")]
+    Trailing(usize),
+}
+
+pub fn encode(snapshot: &VehicleSnapshot, out: &mut Vec<u8>) {
+    out.push(VERSION);
+    out.extend_from_slice(&snapshot.last_fix_ms.to_le_bytes());
+    put_varint(out, snapshot.members.len() as u64);
+    for id in &snapshot.members {
+        put_str(out, id);
+    }
+    put_varint(out, snapshot.pending.len() as u64);
+    for (id, since) in &snapshot.pending {
+        put_str(out, id);
+        out.extend_from_slice(&since.to_le_bytes());
+    }
+}
+
+pub fn decode(bytes: &[u8]) -> Result<VehicleSnapshot, RecordError> {
+    let mut r = Reader { bytes, at: 0 };
+    let version = r.byte()?;
+    if version != VERSION {
+        return Err(RecordError::Version(version));
+    }
+    let last_fix_ms = r.i64()?;
+    let members = (0..r.count()?).map(|_| r.str()).collect::<Result<_, _>>()?;
+    let pending = (0..r.count()?)
+        .map(|_| Ok((r.str()?, r.i64()?)))
+        .collect::<Result<_, _>>()?;
+    if r.at != bytes.len() {
+        return Err(RecordError::Trailing(bytes.len() - r.at));
+    }
+    Ok(VehicleSnapshot {
+        last_fix_ms,
+        members,
+        pending,
+    })
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    put_varint(out, s.len() as u64);
+    out.extend_from_slice(s.as_bytes());
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], RecordError> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.bytes.len())
+            .ok_or(RecordError::Truncated(self.bytes.len()))?;
+        let slice = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(slice)
+    }
+
+    fn byte(&mut self) -> Result<u8, RecordError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn i64(&mut self) -> Result<i64, RecordError> {
+        let mut raw = [0u8; 8];
+        raw.copy_from_slice(self.take(8)?);
+        Ok(i64::from_le_bytes(raw))
+    }
+
+    fn varint(&mut self) -> Result<u64, RecordError> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte()?;
+            v |= u64::from(b & 0x7f) << shift;
+            if b < 0x80 {
+                return Ok(v);
+            }
+        }
+        Err(RecordError::Truncated(self.at))
+    }
+
+    /// A count, bounded by the bytes left so that a corrupt length cannot
+    /// ask for a huge allocation.
+    fn count(&mut self) -> Result<usize, RecordError> {
+        let n = self.varint()?;
+        if n > (self.bytes.len() - self.at) as u64 {
+            return Err(RecordError::Truncated(self.bytes.len()));
+        }
+        Ok(n as usize)
+    }
+
+    fn str(&mut self) -> Result<FenceId, RecordError> {
+        let at = self.at;
+        let len = self.count()?;
+        std::str::from_utf8(self.take(len)?)
+            .map(FenceId::from)
+            .map_err(|_| RecordError::NotUtf8(at))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn snapshot() -> impl Strategy<Value = VehicleSnapshot> {
+        (
+            any::<i64>(),
+            proptest::collection::vec("\\PC{0,40}", 0..5),
+            proptest::collection::vec(("\\PC{0,300}", any::<i64>()), 0..3),
+        )
+            .prop_map(|(last_fix_ms, members, pending)| VehicleSnapshot {
+                last_fix_ms,
+                members: members.into_iter().map(FenceId::from).collect(),
+                pending: pending
+                    .into_iter()
+                    .map(|(id, t)| (FenceId::from(id), t))
+                    .collect(),
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn round_trips(s in snapshot()) {
+            let mut bytes = Vec::new();
+            encode(&s, &mut bytes);
+            prop_assert_eq!(decode(&bytes), Ok(s));
+        }
+
+        #[test]
+        fn every_cut_is_an_error_not_a_panic(s in snapshot()) {
+            let mut bytes = Vec::new();
+            encode(&s, &mut bytes);
+            for cut in 0..bytes.len() {
+                prop_assert!(decode(&bytes[..cut]).is_err());
+            }
+        }
+    }
+
+    #[test]
+    fn a_vehicle_in_one_fence_costs_few_bytes() {
+        let s = VehicleSnapshot {
+            last_fix_ms: 1_772_427_600_000,
+            members: vec!["depot-17".into()],
+            pending: vec![],
+        };
+        let mut bytes = Vec::new();
+        encode(&s, &mut bytes);
+        assert_eq!(bytes.len(), 1 + 8 + 1 + 1 + 8 + 1);
+        assert_eq!(decode(&[2]), Err(RecordError::Version(2)));
+        bytes.push(0);
+        assert_eq!(decode(&bytes), Err(RecordError::Trailing(1)));
+    }
+}
