@@ -4,7 +4,9 @@
 //! writing lines and recording the cursor leaves the store behind the file,
 //! so at start the relay resumes after the seq on the file's last line. A
 //! line torn by a crash mid-write is cut off first (its transition is still
-//! in the outbox, since the cursor only moves after a whole write).
+//! in the outbox, since the cursor only moves after a whole write), but only
+//! once the state file's lock is held: a second geogate started by mistake
+//! must not cut the line the first one is writing.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom};
@@ -21,10 +23,10 @@ pub struct Tail {
     pub torn_bytes: u64,
 }
 
-/// Reads the tail of `path`, cutting off a torn last line. A missing file
-/// is an empty one.
-pub fn recover(path: &Path) -> io::Result<Tail> {
-    let mut file = match OpenOptions::new().read(true).write(true).open(path) {
+/// Reads the tail of `path` without changing it. A missing file is an
+/// empty one.
+pub fn read(path: &Path) -> io::Result<Tail> {
+    let mut file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Tail::default()),
         Err(e) => return Err(e),
@@ -32,19 +34,12 @@ pub fn recover(path: &Path) -> io::Result<Tail> {
     let len = file.metadata()?.len();
     let Some(end) = last_newline(&mut file, len)? else {
         // Not one complete line: all of it is torn.
-        if len > 0 {
-            file.set_len(0)?;
-        }
         return Ok(Tail {
             torn_bytes: len,
             ..Tail::default()
         });
     };
     let torn_bytes = len - (end + 1);
-    if torn_bytes > 0 {
-        file.set_len(end + 1)?;
-        file.sync_data()?;
-    }
     let start = match last_newline(&mut file, end)? {
         Some(previous) => previous + 1,
         None => 0,
@@ -60,6 +55,18 @@ pub fn recover(path: &Path) -> io::Result<Tail> {
         has_lines: true,
         torn_bytes,
     })
+}
+
+/// Cuts off the torn last line [`read`] found. Only the process holding
+/// the state file's lock may call it: the file is that process's.
+pub fn cut_torn(path: &Path, tail: &Tail) -> io::Result<()> {
+    if tail.torn_bytes == 0 {
+        return Ok(());
+    }
+    let file = OpenOptions::new().write(true).open(path)?;
+    let len = file.metadata()?.len();
+    file.set_len(len.saturating_sub(tail.torn_bytes))?;
+    file.sync_data()
 }
 
 /// Offset of the last `\n` before `before`, reading backwards in chunks.
@@ -88,7 +95,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("events.ndjson");
         std::fs::write(&path, content).unwrap();
-        let tail = recover(&path).unwrap();
+        let tail = read(&path).unwrap();
+        cut_torn(&path, &tail).unwrap();
         (tail, std::fs::read(&path).unwrap())
     }
 
@@ -118,7 +126,7 @@ mod tests {
         assert_eq!((tail.last_seq, tail.has_lines), (None, true));
 
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(recover(&dir.path().join("none")).unwrap(), Tail::default());
+        assert_eq!(read(&dir.path().join("none")).unwrap(), Tail::default());
     }
 
     #[test]

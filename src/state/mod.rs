@@ -143,25 +143,17 @@ pub struct Opened {
 /// Opens the configured backend, checked against the events file so that a
 /// lost or stale state file is an error rather than a silent reset.
 pub fn open(config: &StateConfig, events: Option<&Path>) -> Result<Opened, StateError> {
+    let events_error = |path: &Path, source| StateError::EventsFile {
+        path: path.to_owned(),
+        source,
+    };
     let tail = match events {
-        Some(path) => events_file::recover(path).map_err(|source| StateError::EventsFile {
-            path: path.to_owned(),
-            source,
-        })?,
+        Some(path) => events_file::read(path).map_err(|e| events_error(path, e))?,
         None => events_file::Tail::default(),
     };
-    if tail.torn_bytes > 0
-        && let Some(path) = events
-    {
-        tracing::warn!(
-            "events file {}: removed a torn last line ({} bytes) left by a crash mid-write; its transition is still in the outbox and is written again",
-            path.display(),
-            tail.torn_bytes
-        );
-    }
     let file_seq = tail.last_seq.unwrap_or(0);
-    match config.backend {
-        StateBackend::Memory => Ok(Opened {
+    let opened = match config.backend {
+        StateBackend::Memory => Opened {
             store: Box::new(MemoryStore),
             recovered: Recovered {
                 next_seq: file_seq + 1,
@@ -169,7 +161,7 @@ pub fn open(config: &StateConfig, events: Option<&Path>) -> Result<Opened, State
                 ..Recovered::default()
             },
             file_seq,
-        }),
+        },
         StateBackend::Embedded => {
             let path = &config.path;
             if !config.reset
@@ -197,11 +189,23 @@ pub fn open(config: &StateConfig, events: Option<&Path>) -> Result<Opened, State
                 // A reset: keep numbering after the file's last line.
                 recovered.next_seq = file_seq + 1;
             }
-            Ok(Opened {
+            Opened {
                 store: Box::new(store),
                 recovered,
                 file_seq,
-            })
+            }
         }
+    };
+    // Only now, with the state file's lock held, is the events file ours.
+    if tail.torn_bytes > 0
+        && let Some(path) = events
+    {
+        events_file::cut_torn(path, &tail).map_err(|e| events_error(path, e))?;
+        tracing::warn!(
+            "events file {}: removed a torn last line ({} bytes) left by a crash mid-write; its transition is written again (from the outbox, or from its redelivered message)",
+            path.display(),
+            tail.torn_bytes
+        );
     }
+    Ok(opened)
 }

@@ -143,14 +143,17 @@ impl Publisher {
         mut rx: mpsc::UnboundedReceiver<Vec<OutboxEntry>>,
     ) {
         self.publish(&backlog).await;
+        // A ticker of its own: a sleep made anew each pass would be reset
+        // by every batch and, under steady traffic, never fire.
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let unconfirmed = self.sent_seq > self.mqtt_seq;
             tokio::select! {
                 next = rx.recv() => match next {
                     Some(entries) => self.publish(&entries).await,
                     None => break,
                 },
-                _ = tokio::time::sleep(Duration::from_millis(20)), if unconfirmed => self.confirm(),
+                _ = tick.tick() => self.confirm(),
             }
         }
         // Shutdown: give the broker until the drain deadline to ack.
@@ -167,6 +170,8 @@ impl Publisher {
     }
 
     async fn publish(&mut self, entries: &[OutboxEntry]) {
+        // Acks for the last batch have usually come in by now.
+        self.confirm();
         for e in entries {
             if e.seq <= self.sent_seq {
                 continue;

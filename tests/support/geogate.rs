@@ -22,6 +22,10 @@ pub struct GeogateProcess {
     args: Vec<String>,
     /// Run as this user id (a root test runner dropping privileges).
     uid: Option<u32>,
+    /// `GEOGATE_CRASH_POINT` for the next spawn (see `state::crash_point`).
+    crash_point: Option<String>,
+    /// Arguments added to the next spawns (see [`Self::set_args`]).
+    extra_args: Vec<String>,
 }
 
 /// Settings that vary between tests.
@@ -62,6 +66,8 @@ path = "{dir}/dead-letter.ndjson"
 [events]
 path = "{dir}/events.ndjson"
 mqtt = {events_mqtt}
+[state]
+path = "{dir}/state.sqlite"
 [metrics]
 listen = "127.0.0.1:{metrics_port}"
 "#,
@@ -120,9 +126,65 @@ listen = "127.0.0.1:{metrics_port}"
             child: None,
             args,
             uid,
+            crash_point: None,
+            extra_args: Vec::new(),
         };
         p.spawn();
         p
+    }
+
+    /// Like [`Self::start`], but the process stops at crash point `point`
+    /// (`name` or `name:n`) for the test to kill it there.
+    pub fn start_stopping_at(dir: &Path, setup: &Setup, point: &str) -> Self {
+        let metrics_port = free_port();
+        if !dir.join("fences.geojson").exists() {
+            std::fs::write(dir.join("fences.geojson"), FENCES_AB).expect("fences");
+        }
+        std::fs::write(
+            dir.join("geogate.toml"),
+            Self::config(dir, setup, metrics_port),
+        )
+        .expect("config");
+        let mut p = Self {
+            dir: dir.to_owned(),
+            metrics_port,
+            child: None,
+            args: vec![
+                "run".to_owned(),
+                "--config".to_owned(),
+                dir.join("geogate.toml").display().to_string(),
+            ],
+            uid: None,
+            crash_point: Some(point.to_owned()),
+            extra_args: Vec::new(),
+        };
+        p.spawn();
+        p.wait_for_log("subscribed", 1);
+        p
+    }
+
+    /// Waits (≤ 60 s) until the process has stopped at its crash point.
+    pub fn wait_for_crash_point(&self) {
+        let point = self
+            .crash_point
+            .clone()
+            .expect("started with a crash point");
+        let name = point.split(':').next().unwrap_or(&point).to_owned();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let needle = format!("crash point {name} reached");
+        loop {
+            let log = std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default();
+            if log.contains(&needle) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "never reached {point}:\n{log}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Extra arguments for the next spawns (e.g. `--reset-state`).
+    pub fn set_args(&mut self, extra: &[&str]) {
+        self.extra_args = extra.iter().map(|a| a.to_string()).collect();
     }
 
     fn spawn(&mut self) {
@@ -134,8 +196,19 @@ listen = "127.0.0.1:{metrics_port}"
         let mut command = Command::new(env!("CARGO_BIN_EXE_geogate"));
         command
             .args(&self.args)
+            .args(&self.extra_args)
             .stdout(Stdio::piped())
             .stderr(stderr);
+        // A crash point applies to one run: the restart runs through.
+        match self.crash_point.take() {
+            Some(point) => {
+                command.env("GEOGATE_CRASH_POINT", &point);
+                self.crash_point = Some(point);
+            }
+            None => {
+                command.env_remove("GEOGATE_CRASH_POINT");
+            }
+        }
         if let Some(uid) = self.uid {
             use std::os::unix::process::CommandExt;
             command.uid(uid).gid(uid);
@@ -173,10 +246,12 @@ listen = "127.0.0.1:{metrics_port}"
         assert!(ok, "kill {sig} failed");
     }
 
-    /// SIGKILL, and wait for the process to be gone.
+    /// SIGKILL, and wait for the process to be gone. A crash point it was
+    /// started with does not apply to the restart.
     pub fn kill(&mut self) {
         self.signal("-KILL");
         let _ = self.child.take().expect("running").wait();
+        self.crash_point = None;
     }
 
     /// Starts the process again with the same config (after [`Self::kill`]
@@ -195,6 +270,22 @@ listen = "127.0.0.1:{metrics_port}"
     pub fn kill_and_restart(&mut self) {
         self.kill();
         self.restart();
+    }
+
+    /// Waits (≤ 20 s) for a process that is meant to refuse to start;
+    /// returns its exit status and stderr.
+    pub fn wait_refused(&mut self) -> (std::process::ExitStatus, String) {
+        let mut child = self.child.take().expect("running");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "geogate kept running");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let log = std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default();
+        (status, log)
     }
 
     /// SIGTERM; returns (exit success, stdout).

@@ -1,0 +1,466 @@
+//! Exactly-once transitions across crashes, deploys and reloads, with real
+//! geogate processes and a real mosquitto.
+//!
+//! A deterministic fleet (native and OwnTracks payloads) crosses four
+//! fences: plain A and B, C with a dwell, D with hysteresis. Every run is
+//! compared with one uninterrupted run: the same multiset of transitions,
+//! with the same ids, none twice and none missing, seqs gap-free.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use support::geogate::{
+    GeogateProcess, Message, exclusive, publish_all, read_ndjson_so_far, setup,
+};
+
+const T0: i64 = 1_750_000_000_000;
+const VEHICLES: i64 = 24;
+const FIXES: i64 = 24;
+/// Between published fixes in the crash runs: slow enough that the stream
+/// is spread over hundreds of commits, so a kill lands mid-stream.
+const PACE: Duration = Duration::from_millis(2);
+
+/// A and B as in the other tests, C (dwell 2.5 s) and D (hysteresis 150 m)
+/// further east along the same street (lat 50.005).
+const FENCES: &str = r#"{"type":"FeatureCollection","features":[
+ {"type":"Feature","id":"A","properties":{},"geometry":{"type":"Polygon","coordinates":[[[10.00,50.00],[10.01,50.00],[10.01,50.01],[10.00,50.01],[10.00,50.00]]]}},
+ {"type":"Feature","id":"B","properties":{},"geometry":{"type":"Polygon","coordinates":[[[10.02,50.00],[10.03,50.00],[10.03,50.01],[10.02,50.01],[10.02,50.00]]]}},
+ {"type":"Feature","id":"C","properties":{"dwell_s":2.5},"geometry":{"type":"Polygon","coordinates":[[[10.04,50.00],[10.05,50.00],[10.05,50.01],[10.04,50.01],[10.04,50.00]]]}},
+ {"type":"Feature","id":"D","properties":{"hysteresis_m":150},"geometry":{"type":"Polygon","coordinates":[[[10.06,50.00],[10.07,50.00],[10.07,50.01],[10.06,50.01],[10.06,50.00]]]}}]}"#;
+
+/// One lap, a fix a second: outside; A; between; B; four fixes in C (the
+/// fourth confirms the dwell); D; just outside D and just inside its edge
+/// (both within the hysteresis: no change); far outside D.
+const LAP: [f64; 12] = [
+    9.995, 10.005, 10.015, 10.025, 10.045, 10.045, 10.046, 10.045, 10.065, 10.0705, 10.0695, 10.08,
+];
+
+/// Fix `k` of vehicle `v`: each vehicle starts its lap at a different
+/// point, so any instant finds some in a pending dwell or in D's band.
+fn fix(v: i64, k: i64) -> Message {
+    let ts = T0 + 1000 * k;
+    let lon = LAP[((v + k) % LAP.len() as i64) as usize];
+    if v % 2 == 0 {
+        support::geogate::native(&format!("n{v}"), ts, 50.005, lon, 40.0, "move")
+    } else {
+        (
+            format!("owntracks/o{v}/car"),
+            format!(
+                r#"{{"_type":"location","lat":50.005,"lon":{lon},"tst":{},"vel":40,"t":"u"}}"#,
+                ts / 1000
+            )
+            .into_bytes(),
+        )
+    }
+}
+
+/// Rounds of fixes: fix k of every vehicle, then fix k + 1.
+fn fleet(rounds: std::ops::Range<i64>) -> Vec<Message> {
+    rounds
+        .flat_map(|k| (0..VEHICLES).map(move |v| fix(v, k)))
+        .collect()
+}
+
+/// (vehicle, fence, event, ts) → (count, ids seen).
+type Multiset = BTreeMap<(String, String, String, i64), Vec<String>>;
+
+fn multiset(events: &[serde_json::Value]) -> Multiset {
+    let mut out = Multiset::new();
+    for e in events {
+        let key = (
+            e["vehicle"].as_str().unwrap_or("").to_owned(),
+            e["fence"].as_str().unwrap_or("").to_owned(),
+            e["event"].as_str().unwrap_or("").to_owned(),
+            e["ts"].as_i64().unwrap_or(0),
+        );
+        out.entry(key)
+            .or_default()
+            .push(e["id"].as_str().unwrap_or("").to_owned());
+    }
+    out
+}
+
+/// Every line has the next seq, starting at 1: nothing skipped or repeated.
+fn assert_seqs_gap_free(events: &[serde_json::Value], what: &str) {
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(
+            e["seq"].as_u64(),
+            Some(i as u64 + 1),
+            "{what}: line {} has seq {}",
+            i + 1,
+            e["seq"]
+        );
+    }
+}
+
+/// Differences between `got` and `want`, for a failure message.
+fn diff(got: &Multiset, want: &Multiset) -> String {
+    let keys: BTreeSet<_> = got.keys().chain(want.keys()).collect();
+    keys.into_iter()
+        .filter(|k| got.get(*k).map(Vec::len) != want.get(*k).map(Vec::len))
+        .take(20)
+        .map(|k| {
+            format!(
+                "{k:?}: {} time(s), want {}",
+                got.get(k).map_or(0, Vec::len),
+                want.get(k).map_or(0, Vec::len)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn events_of(dir: &Path) -> Vec<serde_json::Value> {
+    read_ndjson_so_far(&dir.join("events.ndjson"))
+}
+
+fn start(dir: &Path, port: u16, id: &str, crash_point: Option<&str>) -> GeogateProcess {
+    std::fs::write(dir.join("fences.geojson"), FENCES).unwrap();
+    let setup = setup(port, id, "");
+    match crash_point {
+        Some(point) => GeogateProcess::start_stopping_at(dir, &setup, point),
+        None => GeogateProcess::start(dir, &setup),
+    }
+}
+
+/// Waits (≤ 60 s) until the events file holds `n` lines, then stops
+/// geogate gracefully (which drains whatever is still in flight) and
+/// returns every line.
+fn finish(geogate: &mut GeogateProcess, n: usize) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while events_of(&geogate.dir).len() < n && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (ok, stdout) = geogate.stop();
+    assert!(ok, "{stdout}");
+    let line = support::geogate::accounting_line(&stdout);
+    assert!(line.ends_with("(balanced)"), "{line}");
+    events_of(&geogate.dir)
+}
+
+/// The uninterrupted run every other run is compared with.
+fn reference(port: u16, runtime: &tokio::runtime::Runtime) -> Vec<serde_json::Value> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut geogate = start(dir.path(), port, "ref", None);
+    runtime.block_on(publish_all(port, &fleet(0..FIXES), None));
+    geogate.wait_processed((VEHICLES * FIXES) as f64, 60);
+    let events = finish(&mut geogate, 0);
+    assert_seqs_gap_free(&events, "reference");
+    let set = multiset(&events);
+    // The fleet exercises what it claims: dwell enters, hysteresis exits,
+    // both formats, and each transition once.
+    for fence in ["A", "B", "C", "D"] {
+        for kind in ["enter", "exit"] {
+            assert!(
+                set.keys().any(|(_, f, e, _)| f == fence && e == kind),
+                "reference has no {kind} of {fence}"
+            );
+        }
+    }
+    assert!(
+        set.keys().any(|(v, ..)| v.contains('/')),
+        "no OwnTracks vehicle"
+    );
+    assert!(set.values().all(|ids| ids.len() == 1));
+    events
+}
+
+fn assert_same_as(got: &[serde_json::Value], want: &Multiset, what: &str) {
+    assert_seqs_gap_free(got, what);
+    let got = multiset(got);
+    assert!(
+        got == *want,
+        "{what}: transitions differ from the uninterrupted run:\n{}",
+        diff(&got, want)
+    );
+}
+
+/// (a) SIGKILL at each crash point, then a restart: the events file ends
+/// up exactly as in the uninterrupted run.
+#[test]
+fn sigkill_at_every_crash_point_changes_no_transition() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let want = multiset(&reference(broker.port, &runtime));
+    // Arrivals counted from the start: a fix every 2 ms makes a commit
+    // (and a write) every few fixes, so these fall a fifth to a half of
+    // the way through the stream.
+    for point in [
+        "commit.before:60",
+        "commit.inside:90",
+        "commit.after:120",
+        "relay.mid_line:60",
+        "relay.before_cursor:90",
+        "commit.inside:30",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let id = format!("kill-{}", point.replace([':', '.'], "-"));
+        let mut geogate = start(dir.path(), broker.port, &id, Some(point));
+        runtime.block_on(publish_all(broker.port, &fleet(0..FIXES), Some(PACE)));
+        geogate.wait_for_crash_point();
+        geogate.kill();
+        geogate.restart();
+        let got = finish(&mut geogate, want.values().map(Vec::len).sum());
+        assert_same_as(&got, &want, point);
+    }
+}
+
+/// MQTT copies: at least once, with the file's ids, across a SIGKILL
+/// between a publish and its cursor.
+#[test]
+fn mqtt_transitions_arrive_at_least_once_across_a_sigkill() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let want = multiset(&reference(broker.port, &runtime));
+    let want_ids: BTreeSet<String> = want.values().flatten().cloned().collect();
+    let collector = runtime.spawn(collect_ids(broker.port, want_ids.clone()));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("fences.geojson"), FENCES).unwrap();
+    let setup = support::geogate::Setup {
+        events_mqtt: true,
+        ..setup(broker.port, "kill-mqtt", "")
+    };
+    // Stopped as the MQTT cursor moves for the 15th time, the publisher
+    // leaves most transitions unpublished while the file takes them all:
+    // the restart must publish the rest from the outbox.
+    let mut geogate =
+        GeogateProcess::start_stopping_at(dir.path(), &setup, "relay.before_mqtt_cursor:15");
+    runtime.block_on(publish_all(broker.port, &fleet(0..FIXES), Some(PACE)));
+    geogate.wait_for_crash_point();
+    geogate.kill();
+    geogate.restart();
+    let got = finish(&mut geogate, want_ids.len());
+    assert_same_as(&got, &want, "file, with MQTT on");
+    let (missing, copies) = runtime.block_on(collector).unwrap();
+    assert!(missing.is_empty(), "never published: {missing:?}");
+    assert!(copies >= want_ids.len());
+}
+
+/// Subscribes to every transition topic; returns the ids never seen (≤ 60
+/// s) and how many copies arrived.
+async fn collect_ids(port: u16, mut want: BTreeSet<String>) -> (BTreeSet<String>, usize) {
+    use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+    let mut options = MqttOptions::new("event-collector", "127.0.0.1", port);
+    options.set_keep_alive(Duration::from_secs(10));
+    let (client, mut events) = AsyncClient::new(options, 100);
+    client
+        .subscribe("geogate/events/#", QoS::AtLeastOnce)
+        .await
+        .unwrap();
+    let mut copies = 0;
+    let run = async {
+        while !want.is_empty() {
+            if let Ok(Event::Incoming(Packet::Publish(p))) = events.poll().await {
+                let v: serde_json::Value = serde_json::from_slice(&p.payload).unwrap();
+                want.remove(v["id"].as_str().unwrap_or(""));
+                copies += 1;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(60), run).await;
+    (want, copies)
+}
+
+/// (b) A deploy: SIGTERM part-way through, start again.
+#[test]
+fn sigterm_and_restart_changes_no_transition() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let want = multiset(&reference(broker.port, &runtime));
+    let dir = tempfile::tempdir().unwrap();
+    let mut geogate = start(dir.path(), broker.port, "deploy", None);
+    let half = FIXES / 2;
+    runtime.block_on(publish_all(broker.port, &fleet(0..half), None));
+    geogate.wait_processed((VEHICLES * half) as f64, 60);
+    let (ok, stdout) = geogate.stop();
+    assert!(ok, "{stdout}");
+    geogate.restart();
+    runtime.block_on(publish_all(broker.port, &fleet(half..FIXES), None));
+    let got = finish(&mut geogate, want.values().map(Vec::len).sum());
+    assert_same_as(&got, &want, "SIGTERM and restart");
+}
+
+/// (c) A dwell in progress and a hysteresis band, each across a restart:
+/// the dwell confirms at the time it would have without the restart, and
+/// the vehicle in the band stays in until it is clear of it.
+#[test]
+fn a_pending_dwell_and_a_hysteresis_band_survive_a_restart() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut geogate = start(dir.path(), broker.port, "dwell", None);
+    let at = |v: &str, s: i64, lon: f64| {
+        support::geogate::native(v, T0 + 1000 * s, 50.005, lon, 40.0, "move")
+    };
+    // Before: the dwell starts at 1 s; the other vehicle enters D.
+    let before = [at("dw", 0, 9.995), at("dw", 1, 10.045), at("hy", 0, 10.065)];
+    runtime.block_on(publish_all(broker.port, &before, None));
+    geogate.wait_processed(3.0, 30);
+    geogate.kill();
+    geogate.restart();
+    // After: at 3 s the dwell is 2 s old (< 2.5), at 4 s 3 s old: the
+    // enter, stamped 4 s (without the saved start it would never come).
+    // The other is just outside D, then just inside its edge (no change),
+    // then clear of the band: one exit.
+    let after = [
+        at("dw", 3, 10.045),
+        at("dw", 4, 10.045),
+        at("dw", 5, 10.045),
+        at("hy", 1, 10.0705),
+        at("hy", 2, 10.0695),
+        at("hy", 3, 10.08),
+    ];
+    runtime.block_on(publish_all(broker.port, &after, None));
+    geogate.wait_processed(6.0, 30);
+    let events = finish(&mut geogate, 3);
+    let got: Vec<(String, String, String, i64)> = multiset(&events).into_keys().collect();
+    let t = |v: &str, f: &str, e: &str, s: i64| {
+        (v.to_owned(), f.to_owned(), e.to_owned(), T0 + 1000 * s)
+    };
+    assert_eq!(
+        got,
+        vec![
+            t("dw", "C", "enter", 4),
+            t("hy", "D", "enter", 0),
+            t("hy", "D", "exit", 3),
+        ]
+    );
+}
+
+/// (d) A missing state file, and one another geogate holds: each a clear
+/// error naming the file; `--reset-state` makes the reset explicit.
+#[test]
+fn a_missing_or_held_state_file_refuses_to_start_and_says_why() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state.sqlite");
+    let mut geogate = start(dir.path(), broker.port, "missing", None);
+    runtime.block_on(publish_all(broker.port, &fleet(0..4), None));
+    geogate.wait_processed((VEHICLES * 4) as f64, 30);
+
+    // Held: a second geogate on the same state file.
+    let other = tempfile::tempdir().unwrap();
+    let lines_before = events_of(dir.path()).len();
+    let mut second = GeogateProcess::launch_with(
+        other.path(),
+        &setup(broker.port, "missing-2", ""),
+        |config| {
+            config.replace(
+                &other.path().join("state.sqlite").display().to_string(),
+                &state.display().to_string(),
+            )
+        },
+        None,
+    );
+    let (status, log) = second.wait_refused();
+    assert!(!status.success());
+    assert!(
+        log.contains(&format!(
+            "state file {} is held open by another process",
+            state.display()
+        )),
+        "{log}"
+    );
+    assert_eq!(events_of(dir.path()).len(), lines_before);
+
+    // Missing: the events file has history, the state file is gone.
+    let (ok, _) = geogate.stop();
+    assert!(ok);
+    let lines = events_of(dir.path()).len();
+    assert!(lines > 0);
+    std::fs::remove_file(&state).unwrap();
+    let mut refused =
+        GeogateProcess::launch_with(dir.path(), &setup(broker.port, "missing", ""), |c| c, None);
+    let (status, log) = refused.wait_refused();
+    assert!(!status.success());
+    assert!(
+        log.contains(&format!("state file {} is missing", state.display()))
+            && log.contains(&format!("(last seq {lines})"))
+            && log.contains("--reset-state"),
+        "{log}"
+    );
+    assert!(
+        !state.exists(),
+        "a refused start must not create the state file"
+    );
+
+    // Explicit reset: starts, and numbering goes on after the file's end.
+    geogate.set_args(&["--reset-state"]);
+    geogate.restart();
+    runtime.block_on(publish_all(broker.port, &fleet(4..6), None));
+    let events = finish(&mut geogate, lines + 1);
+    assert_seqs_gap_free(&events, "after --reset-state");
+    assert!(events.len() > lines);
+}
+
+/// (e) A fence reload (SIGHUP) with the embedded store, then a SIGKILL:
+/// memberships of the kept fence survive both, the removed fence's are
+/// gone without events, and the added fence works.
+#[test]
+fn a_fence_reload_then_a_sigkill_keeps_what_the_kept_fences_hold() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut geogate = start(dir.path(), broker.port, "reload", None);
+    let at = |v: &str, s: i64, lon: f64| {
+        support::geogate::native(v, T0 + 1000 * s, 50.005, lon, 40.0, "move")
+    };
+    runtime.block_on(publish_all(
+        broker.port,
+        &[at("a", 0, 10.005), at("b", 0, 10.025)],
+        None,
+    ));
+    geogate.wait_processed(2.0, 30);
+    // B goes; E comes, where B was.
+    let reloaded = FENCES.replace(r#""id":"B""#, r#""id":"E""#);
+    std::fs::write(dir.path().join("fences.geojson"), reloaded).unwrap();
+    geogate.sighup();
+    geogate.wait_for_log("fences reloaded", 1);
+    runtime.block_on(publish_all(broker.port, &[at("a", 1, 10.005)], None));
+    geogate.wait_processed(3.0, 30);
+    geogate.kill();
+    geogate.restart();
+    runtime.block_on(publish_all(
+        broker.port,
+        &[at("a", 2, 9.995), at("b", 1, 10.025), at("b", 2, 9.995)],
+        None,
+    ));
+    geogate.wait_processed(3.0, 30);
+    let events = finish(&mut geogate, 5);
+    assert_seqs_gap_free(&events, "reload");
+    let got: Vec<(String, String, String, i64)> = multiset(&events).into_keys().collect();
+    let t = |v: &str, f: &str, e: &str, s: i64| {
+        (v.to_owned(), f.to_owned(), e.to_owned(), T0 + 1000 * s)
+    };
+    assert_eq!(
+        got,
+        vec![
+            t("a", "A", "enter", 0),
+            t("a", "A", "exit", 2),
+            t("b", "B", "enter", 0),
+            t("b", "E", "enter", 1),
+            t("b", "E", "exit", 2),
+        ]
+    );
+}
