@@ -4,9 +4,12 @@
 //!
 //! Order of effects, for each transaction (the exactly-once argument in
 //! ARCHITECTURE.md rests on it): vehicle records and outbox entries are
-//! committed together; only then are the batches' messages acked (durable
-//! store) and the entries handed to the relay. With the memory store, which
-//! survives nothing, the relay acks once the events file has the lines.
+//! committed together; only then are the entries handed to the relay,
+//! which acks the batches' messages once the events file has their lines.
+//! (Acking before the file would survive a crash just as well, the outbox
+//! holds the lines; waiting keeps "acked ⇒ in the file" true for readers
+//! of the file, and a broken events file pushes back on the broker instead
+//! of growing the outbox without bound.)
 
 use super::outbox::OutboxEntry;
 use super::{CommitBatch, Store, VehicleChange, crash_point};
@@ -103,8 +106,8 @@ pub struct Cursors {
     pub mqtt: AtomicU64,
 }
 
-/// Committed entries on their way to the relay, with the messages it must
-/// finish after writing them (memory store only).
+/// Committed entries on their way to the relay, with the messages it
+/// finishes once it has written them.
 pub struct Committed {
     pub entries: Vec<OutboxEntry>,
     pub finished: Vec<Finished>,
@@ -169,12 +172,6 @@ impl Committer {
             }
             duration.record(started.elapsed().as_secs_f64());
             crash_point::reached("commit.after");
-            let finished = if self.store.durable() {
-                finished.into_iter().for_each(Finished::complete);
-                Vec::new()
-            } else {
-                finished
-            };
             let _ = self.relay.send(Committed {
                 entries: batch.outbox,
                 finished,

@@ -112,8 +112,8 @@ pub trait Store: Send {
     fn commit(&mut self, batch: &CommitBatch) -> Result<(), StateError>;
     /// Bytes the store occupies now (file and log).
     fn size_bytes(&self) -> u64;
-    /// Whether a commit survives a process crash; if not, messages are
-    /// acked only once their transitions are in the events file.
+    /// Whether a commit survives a process crash (and so whether the
+    /// workers need to track which vehicles changed).
     fn durable(&self) -> bool;
 }
 

@@ -10,8 +10,7 @@
 //! * **MQTT: at least once.** The cursor moves only when the broker has
 //!   acked every publish so far; after a crash everything past it is sent
 //!   again, with the same `id`. Publishing runs apart from the file so a
-//!   broker outage never holds up the file (or, with the memory store, the
-//!   acks that wait for it).
+//!   broker outage never holds up the file, or the acks that wait for it.
 
 use super::commit::{Committed, Cursors, Finished};
 use super::crash_point;

@@ -96,12 +96,10 @@ impl StateStage {
                     path: path.to_owned(),
                     source,
                 })?;
-                let held = if durable {
-                    "its transitions wait in the outbox"
-                } else {
-                    "its message stays unacked"
-                };
-                Some((file, SinkHealth::new("events", path, held)))
+                Some((
+                    file,
+                    SinkHealth::new("events", path, "its message stays unacked"),
+                ))
             }
             None => None,
         };

@@ -1,7 +1,8 @@
 //! A shard worker: drains its queue in batches into the evaluator and
 //! hands each batch (the vehicles it changed, the transitions it produced,
 //! its messages) to the committer. Nothing is acked here: a message is
-//! finished only once its batch is committed (see `state::commit`).
+//! finished only once its batch is committed and its transitions are in
+//! the events file (see `state::commit`).
 
 use super::Admitted;
 use crate::geofence::{Evaluator, FenceIndex, FixOutcome, TransitionKind, VehicleSnapshot};
