@@ -134,7 +134,7 @@ impl Store for Redb {
         0
     }
     fn durable(&self) -> bool {
-        self.durability == Durability::Immediate
+        matches!(self.durability, Durability::Immediate)
     }
 }
 

@@ -73,7 +73,10 @@ pub fn register_zero_series(shards: usize, gate: &'static str) {
     for outcome in ["acked", "withheld_old_connection", "withheld_superseded"] {
         metrics::counter!("geogate_mqtt_acks_total", "outcome" => outcome).increment(0);
     }
-    for sink in ["dead_letter", "events"] {
+    for by in ["window", "state"] {
+        metrics::counter!("geogate_duplicates_ignored_total", "by" => by).increment(0);
+    }
+    for sink in ["dead_letter", "events", "state"] {
         metrics::counter!("geogate_sink_write_failures_total", "sink" => sink).increment(0);
         // Healthy until a write fails: a sink nobody has written to yet is
         // not broken.
@@ -209,7 +212,27 @@ fn describe() {
     describe_counter!(
         "geogate_sink_write_failures_total",
         Unit::Count,
-        "Failed write attempts per sink (dead_letter, events)."
+        "Failed write attempts per sink (dead_letter, events, state: a failed commit)."
+    );
+    describe_counter!(
+        "geogate_duplicates_ignored_total",
+        Unit::Count,
+        "Redelivered fixes recognised and not applied again: by the codec's dedup window, or by the vehicle state (after a restart). Counted under invalid, reason duplicate."
+    );
+    describe_histogram!(
+        "geogate_state_commit_duration_seconds",
+        Unit::Seconds,
+        "One state transaction: the vehicle records and outbox entries of every batch waiting for it."
+    );
+    describe_histogram!(
+        "geogate_state_commit_batches",
+        Unit::Count,
+        "Worker batches per state transaction (group commit)."
+    );
+    describe_gauge!(
+        "geogate_state_store_bytes",
+        Unit::Bytes,
+        "Bytes the state store occupies (file and write-ahead log); 0 for the memory backend."
     );
     describe_gauge!(
         "geogate_events_in_queue",
