@@ -123,6 +123,7 @@ def geogate_config(client_id, qos):
                      ('# listen = "127.0.0.1:9464"', f'listen = "127.0.0.1:{mport}"'),
                      ('path = "geogate-dead-letter.ndjson"', f'path = "{tmp}/dl-{client_id}.ndjson"'),
                      ('path = "config/fences.geojson"', f'path = "{FENCES}"'), ("mqtt = true ", "mqtt = false "),
+                     ('# path = "geogate-state.sqlite"', f'path = "{tmp}/state-{client_id}.sqlite"'),
                      ("rate = 32000 ", "rate = 1000000 "), ("burst = 24000 ", "burst = 1000000 ")]:
         assert old in cfg, old
         cfg = cfg.replace(old, new, 1)
@@ -164,7 +165,7 @@ def geogate_rate(proc, mport):
         now = time.perf_counter()
         got = m.get("geogate_events_received_total", 0)
         done = sum(m.get(k, 0) for k in ("geogate_events_evaluated_total", "geogate_events_invalid_total",
-                                         "geogate_events_shed_total"))
+                                         "geogate_events_shed_total", "geogate_fixes_out_of_order_total"))
         if got > 0 and first is None:
             first = now
         if done >= N:
