@@ -23,7 +23,10 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--bench", required=True)
 ap.add_argument("--filter", required=True)
 ap.add_argument("--rounds", type=int, default=5)
-ap.add_argument("--base", required=True, help="criterion id (group/function[/param]) to divide by")
+ap.add_argument("--base", required=True,
+                help="criterion id (group/function[/param]) to divide by; with --same-param, group/function "
+                     "and each contender is divided by the base with its own parameter")
+ap.add_argument("--same-param", action="store_true")
 ap.add_argument("--measurement-time", default="3")
 args = ap.parse_args()
 
@@ -53,9 +56,14 @@ for r in range(args.rounds):
     print(f"round {r + 1}: " + ", ".join(f"{k} {v / 1e6:.2f} ms" for k, v in sorted(ran.items())), flush=True)
 
 ids = sorted(set().union(*rounds))
-print(f"\nratio = {args.base} time / contender time, median of {args.rounds} rounds [min–max]")
+print(f"\nratio = {args.base}{'/<param>' if args.same_param else ''} time / contender time, median of {args.rounds} rounds [min–max]")
+def base_of(i):
+    return f"{args.base}/{i.rsplit('/', 1)[1]}" if args.same_param else args.base
+
+
 for i in ids:
-    ratios = [r[args.base] / r[i] for r in rounds if i in r and args.base in r]
+    b = base_of(i)
+    ratios = [r[b] / r[i] for r in rounds if i in r and b in r]
     if ratios:
         print(f"{i:50s} {statistics.median(ratios):.3f} [{min(ratios):.3f}–{max(ratios):.3f}]  "
               f"median time {statistics.median(r[i] for r in rounds if i in r) / 1e6:.3f} ms")

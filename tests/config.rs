@@ -76,3 +76,27 @@ fn password_is_redacted_in_debug_output() {
     let debug = format!("{config:?}");
     assert!(!debug.contains("hunter2") && debug.contains("<redacted>"));
 }
+
+#[test]
+fn the_state_section_is_checked_and_names_its_field() {
+    let text = std::fs::read_to_string("config/geogate.toml").unwrap();
+    let nowhere = text.replace(
+        "# path = \"geogate-state.sqlite\"",
+        "path = \"/no/such/dir/state.sqlite\"",
+    );
+    let Err(ConfigError::Invalid(problems)) = Config::parse(&nowhere) else {
+        panic!("expected an invalid config");
+    };
+    let problem = problems.iter().find(|p| p.field == "state.path").unwrap();
+    assert!(
+        problem.message.contains("/no/such/dir"),
+        "{}",
+        problem.message
+    );
+    // The memory backend needs no file.
+    let memory = nowhere.replace("# backend = \"embedded\"", "backend = \"memory\"");
+    assert!(Config::parse(&memory).is_ok());
+    let unknown = text.replace("# backend = \"embedded\"", "backend = \"redis\"");
+    let err = Config::parse(&unknown).unwrap_err().to_string();
+    assert!(err.contains("backend") && err.contains("embedded"), "{err}");
+}

@@ -5,7 +5,8 @@ use geo::Coord;
 use geogate::geofence::generate::{SplitMix64, random_fences};
 use geogate::geofence::ring::METRES_PER_DEGREE;
 use geogate::geofence::{
-    Evaluator, EvaluatorSettings, FenceIndex, Transition, TransitionKind, parse_fences,
+    Evaluator, EvaluatorSettings, FenceIndex, FixOutcome, Transition, TransitionKind,
+    VehicleSnapshot, parse_fences,
 };
 use geogate::model::VehicleId;
 use serde_json::json;
@@ -566,4 +567,73 @@ fn circle_radii_agree_with_an_independent_haversine() {
             "{centre:?} {point:?} {d}"
         );
     }
+}
+
+/// What a state commit reads: each changed vehicle once per batch with its
+/// state by fence id, an expired one as a deletion, and nothing for a fix
+/// that changed nothing; restored elsewhere, the state behaves the same.
+#[test]
+fn changed_vehicles_are_listed_for_the_store_and_restore_faithfully() {
+    let fences = || {
+        Arc::new(index(json!([
+            poly("a", json!([[[0, 0], [1, 0], [1, 1], [0, 1], [0, 0]]])),
+            poly("b", json!([[[2, 0], [3, 0], [3, 1], [2, 1], [2, 0]]])),
+        ])))
+    };
+    let settings = EvaluatorSettings {
+        idle_expiry_ms: 60_000,
+        ..EvaluatorSettings::default()
+    };
+    let mut ev = Evaluator::new(fences(), settings).tracking_changes();
+    let (v, w) = (VehicleId::from("v"), VehicleId::from("w"));
+    let mut out = Vec::new();
+    ev.evaluate(&v, 1_000, 0.5, 0.5, &mut out);
+    ev.evaluate(&v, 2_000, 0.5, 0.6, &mut out);
+    ev.evaluate(&w, 1_000, 0.5, 2.5, &mut out);
+    // Already applied, and older: neither changes anything.
+    assert_eq!(
+        ev.evaluate_delivery(&v, 2_000, 0.5, 0.6, false, &mut out),
+        FixOutcome::Duplicate
+    );
+    assert_eq!(
+        ev.evaluate_delivery(&v, 1_500, 0.5, 5.0, true, &mut out),
+        FixOutcome::Duplicate
+    );
+    assert_eq!(
+        ev.evaluate_delivery(&v, 1_500, 0.5, 5.0, false, &mut out),
+        FixOutcome::OutOfOrder
+    );
+    let mut changed = Vec::new();
+    ev.take_changed(&mut changed);
+    changed.sort_by(|x, y| x.0.cmp(&y.0));
+    let snapshot = |t, fence: &str| VehicleSnapshot {
+        last_fix_ms: t,
+        members: vec![fence.into()],
+        pending: Vec::new(),
+    };
+    assert_eq!(
+        changed,
+        vec![
+            (v.clone(), Some(snapshot(2_000, "a"))),
+            (w.clone(), Some(snapshot(1_000, "b")))
+        ]
+    );
+    ev.take_changed(&mut changed);
+    assert_eq!(changed.len(), 2, "nothing new since");
+
+    // Restored into a fresh evaluator, v is still in a: no second enter.
+    let mut restored = Evaluator::new(fences(), settings);
+    restored.restore(v.clone(), &snapshot(2_000, "a"));
+    out.clear();
+    restored.evaluate(&v, 3_000, 0.5, 0.5, &mut out);
+    assert!(out.is_empty(), "{out:?}");
+    restored.evaluate(&v, 4_000, 0.5, 5.0, &mut out);
+    assert_eq!(out.len(), 1, "one exit: {out:?}");
+
+    // Idle expiry: w is listed as a deletion.
+    changed.clear();
+    ev.evaluate(&v, 100_000, 0.5, 0.5, &mut out);
+    assert_eq!(ev.expire_idle(100_000), 1);
+    ev.take_changed(&mut changed);
+    assert!(changed.contains(&(w, None)), "{changed:?}");
 }
