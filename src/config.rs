@@ -519,6 +519,14 @@ impl Config {
                     "state.path",
                     format!("directory {} does not exist", dir.display()),
                 );
+            } else if Some(path) == self.events.path.as_ref() || *path == self.dead_letter.path {
+                problem(
+                    "state.path",
+                    format!(
+                        "{} is also the events or dead-letter file; the state needs a file of its own",
+                        path.display()
+                    ),
+                );
             }
         }
         if self.metrics.enabled && self.metrics.listen.parse::<std::net::SocketAddr>().is_err() {

@@ -45,7 +45,7 @@ pub enum PipelineError {
         path: String,
         source: std::io::Error,
     },
-    #[error("{0}")]
+    #[error(transparent)]
     State(#[from] StateError),
     #[error("config: {0}")]
     Config(String),

@@ -136,6 +136,11 @@ impl Committer {
         size.set(self.store.size_bytes() as f64);
         let mut last_size_check = Instant::now();
         let mut waiting = Vec::with_capacity(MAX_BATCHES_PER_COMMIT);
+        // Set when a commit was given up at the drain deadline: a later
+        // batch holds vehicle states that include the lost one's changes,
+        // so committing it would record effects whose transitions were
+        // never written. Everything after is left unacked instead.
+        let mut gave_up = false;
         while let Some(first) = requests.blocking_recv() {
             waiting.push(first);
             while waiting.len() < MAX_BATCHES_PER_COMMIT {
@@ -143,6 +148,10 @@ impl Committer {
                     Ok(more) => waiting.push(more),
                     Err(_) => break,
                 }
+            }
+            if gave_up {
+                waiting.clear();
+                continue;
             }
             batches_per_commit.record(waiting.len() as f64);
             let mut batch = CommitBatch::default();
@@ -164,6 +173,7 @@ impl Committer {
             if !self.commit_until_deadline(&batch, &failures, &healthy) {
                 // Shutdown came first: nothing of this batch happened.
                 self.next_seq = first_seq;
+                gave_up = true;
                 tracing::error!(
                     "state: {} message(s) left unacked at the drain deadline, after a commit that kept failing",
                     finished.iter().map(|f| f.messages.len()).sum::<usize>()
@@ -189,10 +199,15 @@ impl Committer {
             cursors,
             relay,
             relay_done,
-            ..
+            deadline,
         } = self;
         drop(relay);
-        let _ = relay_done.recv_timeout(Duration::from_secs(30));
+        // The relay and publisher stop by the drain deadline; a little
+        // beyond it, stop waiting for them.
+        let wait = deadline.borrow().map_or(Duration::from_secs(30), |d| {
+            d.saturating_duration_since(Instant::now()) + Duration::from_secs(5)
+        });
+        let _ = relay_done.recv_timeout(wait);
         let last = CommitBatch {
             next_seq,
             file_cursor: cursors.file.load(Relaxed),

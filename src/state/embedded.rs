@@ -35,22 +35,8 @@ impl EmbeddedStore {
     /// Opens (or, when missing or `config.reset`, creates) the file, takes
     /// its lock and reads everything committed.
     pub fn open(path: &Path, config: &StateConfig) -> Result<(Self, Recovered), StateError> {
-        let io = |source| StateError::Io {
-            path: path.to_owned(),
-            source,
-        };
-        if config.reset {
-            for suffix in ["", "-wal", "-shm"] {
-                let mut file = path.as_os_str().to_owned();
-                file.push(suffix);
-                match std::fs::remove_file(&file) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
-                    _ => {}
-                }
-            }
-        }
-        let created = !path.exists();
-        let sql = |source| sqlite_error(path, source);
+        let mut created = !path.exists();
+        let sql = |source| opening_error(path, source);
         let conn = Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -70,9 +56,23 @@ impl EmbeddedStore {
         };
         conn.pragma_update(None, "synchronous", synchronous)
             .map_err(sql)?;
-        // The first write takes the exclusive lock, held until close.
+        // The first write takes the exclusive lock, held until close. A
+        // reset empties the file only once it is ours: another geogate's
+        // file is refused above, never wiped.
         conn.execute_batch(&format!("BEGIN IMMEDIATE; {SCHEMA} COMMIT;"))
             .map_err(sql)?;
+        if config.reset {
+            conn.execute_batch(
+                "BEGIN; DELETE FROM vehicle; DELETE FROM outbox;
+                 UPDATE meta SET value = 1 WHERE key = 'next_seq';
+                 UPDATE meta SET value = 0 WHERE key = 'mqtt_cursor'; COMMIT;",
+            )
+            .map_err(|source| StateError::Sqlite {
+                path: path.to_owned(),
+                source,
+            })?;
+            created = true;
+        }
         let mut store = Self {
             path: path.to_owned(),
             conn,
@@ -83,7 +83,10 @@ impl EmbeddedStore {
 
     fn read_all(&mut self, created: bool) -> Result<Recovered, StateError> {
         let path = self.path.clone();
-        let sql = |source| sqlite_error(&path, source);
+        let sql = |source| StateError::Sqlite {
+            path: path.clone(),
+            source,
+        };
         let meta = |key: &str| -> Result<u64, StateError> {
             self.conn
                 .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| {
@@ -120,7 +123,7 @@ impl EmbeddedStore {
         let outbox = stmt
             .query_map([], |r| {
                 Ok(OutboxEntry {
-                    seq: r.get::<_, i64>(0)? as u64,
+                    seq: r.get::<_, i64>(0)?.max(0) as u64,
                     vehicle: VehicleId::from(r.get::<_, String>(1)?),
                     line: r.get(2)?,
                 })
@@ -153,7 +156,7 @@ impl EmbeddedStore {
             let mut append =
                 tx.prepare_cached("INSERT INTO outbox (seq, vehicle, line) VALUES (?1, ?2, ?3)")?;
             for e in &batch.outbox {
-                append.execute(params![e.seq as i64, &*e.vehicle, &e.line])?;
+                append.execute(params![stored(e.seq), &*e.vehicle, &e.line])?;
             }
             crash_point::reached("commit.inside");
             let mut set = tx.prepare_cached("UPDATE meta SET value = ?2 WHERE key = ?1")?;
@@ -175,8 +178,10 @@ impl EmbeddedStore {
 
 impl Store for EmbeddedStore {
     fn commit(&mut self, batch: &CommitBatch) -> Result<(), StateError> {
-        self.write(batch)
-            .map_err(|source| sqlite_error(&self.path, source))
+        self.write(batch).map_err(|source| StateError::Sqlite {
+            path: self.path.clone(),
+            source,
+        })
     }
 
     fn size_bytes(&self) -> u64 {
@@ -196,7 +201,13 @@ impl Store for EmbeddedStore {
     }
 }
 
-fn sqlite_error(path: &Path, source: rusqlite::Error) -> StateError {
+/// Seqs and cursors as SQLite integers (i64); beyond i64::MAX is "all".
+fn stored(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// At open, a busy or locked file is another process holding it.
+fn opening_error(path: &Path, source: rusqlite::Error) -> StateError {
     match source.sqlite_error_code() {
         Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StateError::Held {
             path: path.to_owned(),

@@ -5,7 +5,8 @@
 //! * [`outbox`]: a transition as the line that leaves (stable id, seq);
 //! * [`embedded`]: the SQLite store (`[state] backend = "embedded"`);
 //! * [`commit`]: the one thread that commits every shard's batches;
-//! * [`relay`]: committed transitions out to the events file and MQTT;
+//! * [`relay`]: committed transitions out to the events file;
+//! * [`publisher`]: and over MQTT, at least once;
 //! * [`stage`]: all of it started (and finished) as the pipeline needs;
 //! * [`events_file`]: where the events file's tail says the relay stopped;
 //! * [`crash_point`]: where tests stop the process to SIGKILL it.
@@ -20,6 +21,7 @@ pub mod crash_point;
 pub mod embedded;
 pub mod events_file;
 pub mod outbox;
+pub mod publisher;
 pub mod record;
 pub mod relay;
 pub mod stage;

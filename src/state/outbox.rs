@@ -55,8 +55,7 @@ impl OutboxEntry {
             seq,
             transition: t,
         };
-        // Serializing strings and integers cannot fail.
-        let line = serde_json::to_vec(&line).unwrap_or_default();
+        let line = serde_json::to_vec(&line).expect("strings and integers always serialise");
         Self {
             seq,
             vehicle: t.vehicle.clone(),

@@ -1,5 +1,5 @@
 //! Committed transitions out: the relay appends them to the events file,
-//! the publisher sends them over MQTT. Each keeps a cursor (the last seq it
+//! the publisher ([`super::publisher`]) sends them over MQTT. Each keeps a cursor (the last seq it
 //! has delivered) that the committer reads to prune the outbox, so an entry
 //! leaves the store only once both have it.
 //!
@@ -17,16 +17,11 @@ use super::crash_point;
 use super::outbox::OutboxEntry;
 use crate::config::FsyncPolicy;
 use crate::sink::append_file::AppendFile;
-use crate::sink::health::{SinkHealth, retry_until, wait_deadline};
-use rumqttc::{AsyncClient, Event, Packet, QoS};
+use crate::sink::health::{SinkHealth, retry_until};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
 use tokio::sync::{mpsc, watch};
-
-/// Publishes not yet acked by the broker before the publisher waits for
-/// them; bounds what a crash makes it send twice.
-const UNCONFIRMED_WINDOW: u64 = 1000;
 
 /// Appends committed transitions to the events file.
 pub struct Relay {
@@ -116,112 +111,5 @@ impl Relay {
         self.file_seq = last;
         self.cursors.file.store(last, Relaxed);
         true
-    }
-}
-
-/// Publishes committed transitions to `geogate/events/{vehicle}` at QoS 1
-/// on a connection of its own.
-pub struct Publisher {
-    pub client: AsyncClient,
-    /// PubAcks the connection has received (see [`drive_events_connection`]).
-    pub acked: Arc<AtomicU64>,
-    pub requested: u64,
-    /// The last seq the broker has acked with everything before it.
-    pub mqtt_seq: u64,
-    /// The last seq handed to the client.
-    pub sent_seq: u64,
-    pub cursors: Arc<Cursors>,
-    pub deadline: watch::Receiver<Option<Instant>>,
-    pub done: std::sync::mpsc::Sender<()>,
-}
-
-impl Publisher {
-    pub async fn run(
-        mut self,
-        backlog: Vec<OutboxEntry>,
-        mut rx: mpsc::UnboundedReceiver<Vec<OutboxEntry>>,
-    ) {
-        self.publish(&backlog).await;
-        // A ticker of its own: a sleep made anew each pass would be reset
-        // by every batch and, under steady traffic, never fire.
-        let mut tick = tokio::time::interval(Duration::from_millis(20));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                next = rx.recv() => match next {
-                    Some(entries) => self.publish(&entries).await,
-                    None => break,
-                },
-                _ = tick.tick() => self.confirm(),
-            }
-        }
-        // Shutdown: give the broker until the drain deadline to ack.
-        let mut deadline = self.deadline.clone();
-        tokio::select! {
-            _ = self.wait_confirmed() => {}
-            _ = wait_deadline(&mut deadline) => {
-                tracing::warn!(
-                    "events over MQTT: {} publish(es) unacked at the drain deadline; sent again after the restart",
-                    self.requested.saturating_sub(self.acked.load(Relaxed))
-                );
-            }
-        }
-    }
-
-    async fn publish(&mut self, entries: &[OutboxEntry]) {
-        // Acks for the last batch have usually come in by now.
-        self.confirm();
-        for e in entries {
-            if e.seq <= self.sent_seq {
-                continue;
-            }
-            if self.requested.saturating_sub(self.acked.load(Relaxed)) >= UNCONFIRMED_WINDOW {
-                self.wait_confirmed().await;
-            }
-            let topic = format!("geogate/events/{}", e.vehicle);
-            if let Err(e) = self
-                .client
-                .publish(topic, QoS::AtLeastOnce, false, e.line.clone())
-                .await
-            {
-                tracing::warn!("publishing transition: {e}");
-                return;
-            }
-            self.requested += 1;
-            self.sent_seq = e.seq;
-        }
-        self.confirm();
-    }
-
-    async fn wait_confirmed(&mut self) {
-        while self.acked.load(Relaxed) < self.requested {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        self.confirm();
-    }
-
-    /// Moves the cursor once the broker has acked every publish so far.
-    fn confirm(&mut self) {
-        if self.sent_seq > self.mqtt_seq && self.acked.load(Relaxed) >= self.requested {
-            crash_point::reached("relay.before_mqtt_cursor");
-            self.mqtt_seq = self.sent_seq;
-            self.cursors.mqtt.store(self.sent_seq, Relaxed);
-        }
-    }
-}
-
-/// Polls the publisher's connection, counting the broker's PubAcks.
-pub async fn drive_events_connection(mut eventloop: rumqttc::EventLoop, acked: Arc<AtomicU64>) {
-    loop {
-        match eventloop.poll().await {
-            Ok(Event::Incoming(Packet::PubAck(_))) => {
-                acked.fetch_add(1, Relaxed);
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!("events connection: {e}");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        }
     }
 }

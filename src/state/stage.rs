@@ -3,7 +3,8 @@
 //! relay and, when transitions also go over MQTT, the publisher.
 
 use super::commit::{CommitRequest, Committer, Cursors};
-use super::relay::{Publisher, Relay, drive_events_connection};
+use super::publisher::{ConnectionEvents, Publisher, drive_connection};
+use super::relay::Relay;
 use super::{StateError, open};
 use crate::config::StateConfig;
 use crate::geofence::{Evaluator, EvaluatorSettings, FenceIndex, VehicleSnapshot};
@@ -68,28 +69,7 @@ impl StateStage {
             ),
         });
         let (done_tx, done_rx) = std::sync::mpsc::channel();
-        let (publisher, to_publisher) = match events_connection {
-            Some((options, network)) => {
-                let (client, mut eventloop) = AsyncClient::new(options, 10_000);
-                eventloop.set_network_options(network);
-                let acked = Arc::new(AtomicU64::new(0));
-                tokio::spawn(drive_events_connection(eventloop, acked.clone()));
-                let (tx, rx) = mpsc::unbounded_channel();
-                let publisher = Publisher {
-                    client,
-                    acked,
-                    requested: 0,
-                    mqtt_seq: recovered.mqtt_cursor,
-                    sent_seq: recovered.mqtt_cursor,
-                    cursors: cursors.clone(),
-                    deadline: deadline.clone(),
-                    done: done_tx.clone(),
-                };
-                let backlog = recovered.outbox.clone();
-                (Some(tokio::spawn(publisher.run(backlog, rx))), Some(tx))
-            }
-            None => (None, None),
-        };
+        // The file first: if it cannot be opened, nothing has been started.
         let file = match events_path {
             Some(path) => {
                 let file = AppendFile::open(path).map_err(|source| StateError::EventsFile {
@@ -102,6 +82,29 @@ impl StateStage {
                 ))
             }
             None => None,
+        };
+        let (publisher, to_publisher) = match events_connection {
+            Some((mut options, network)) => {
+                // A kept session: across a reconnect the client sends again
+                // what the broker had not acked (see `publisher`).
+                options.set_clean_session(false);
+                let (client, mut eventloop) = AsyncClient::new(options, 10_000);
+                eventloop.set_network_options(network);
+                let events = Arc::new(ConnectionEvents::default());
+                tokio::spawn(drive_connection(eventloop, events.clone()));
+                let (tx, rx) = mpsc::unbounded_channel();
+                let publisher = Publisher::new(
+                    client,
+                    events,
+                    recovered.mqtt_cursor,
+                    cursors.clone(),
+                    deadline.clone(),
+                    done_tx.clone(),
+                );
+                let backlog = recovered.outbox.clone();
+                (Some(tokio::spawn(publisher.run(backlog, rx))), Some(tx))
+            }
+            None => (None, None),
         };
         let (committed_tx, committed_rx) = mpsc::unbounded_channel();
         let relay = Relay {

@@ -262,6 +262,12 @@ listen = "127.0.0.1:{metrics_port}"
         self.wait_for_log("subscribed", before.matches("subscribed").count() + 1);
     }
 
+    /// Starts the process again without waiting for a connection (for a
+    /// start that is meant to be refused).
+    pub fn restart_refused(&mut self) {
+        self.spawn();
+    }
+
     pub fn sighup(&self) {
         self.signal("-HUP");
     }
