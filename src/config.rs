@@ -240,7 +240,7 @@ pub struct EventsConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StateBackend {
-    /// Nothing survives the process: benchmarks, `eval`, the labs.
+    /// Nothing survives the process: benchmarks, throwaway runs.
     Memory,
     /// A SQLite file at `path` (see `state::embedded`).
     Embedded,

@@ -30,6 +30,8 @@ pub struct EvalReport {
     pub lines: usize,
     pub evaluated: u64,
     pub out_of_order: u64,
+    /// Repeats of a (vehicle, fix time) already applied.
+    pub duplicates: u64,
     pub transitions: u64,
     pub skipped: usize,
     pub skipped_lines: Vec<SkippedLine>,
@@ -100,5 +102,6 @@ pub fn evaluate_positions(
     report.evaluator = evaluator.stats();
     report.evaluated = report.evaluator.evaluated;
     report.out_of_order = report.evaluator.out_of_order;
+    report.duplicates = report.evaluator.duplicates;
     Ok(report)
 }

@@ -13,7 +13,7 @@
 //!
 //! The seam is [`Store`]: a batch of vehicle records and outbox entries
 //! committed in one transaction, and everything committed read back at
-//! start. The memory backend keeps nothing (benchmarks, `eval`, labs).
+//! start. The memory backend keeps nothing (benchmarks, throwaway runs).
 //! ARCHITECTURE.md walks through the exactly-once argument.
 
 pub mod commit;
@@ -119,7 +119,7 @@ pub trait Store: Send {
     fn durable(&self) -> bool;
 }
 
-/// Keeps nothing: today's behaviour for benchmarks, `eval` and the labs.
+/// Keeps nothing: for benchmarks and throwaway runs.
 pub struct MemoryStore;
 
 impl Store for MemoryStore {

@@ -526,10 +526,11 @@ fn eval(
                 );
             }
             println!(
-                "{} lines, {} evaluated, {} out of order, {} skipped, {} transitions",
+                "{} lines, {} evaluated, {} out of order, {} duplicate, {} skipped, {} transitions",
                 report.lines,
                 report.evaluated,
                 report.out_of_order,
+                report.duplicates,
                 report.skipped,
                 report.transitions
             );
