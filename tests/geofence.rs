@@ -636,4 +636,18 @@ fn changed_vehicles_are_listed_for_the_store_and_restore_faithfully() {
     assert_eq!(ev.expire_idle(100_000), 1);
     ev.take_changed(&mut changed);
     assert!(changed.contains(&(w, None)), "{changed:?}");
+
+    // A reload that drops v's fence lists v, with the membership gone.
+    changed.clear();
+    ev.swap_index(Arc::new(index(json!([poly(
+        "b",
+        json!([[[2, 0], [3, 0], [3, 1], [2, 1], [2, 0]]])
+    )]))));
+    ev.take_changed(&mut changed);
+    let after_reload = VehicleSnapshot {
+        last_fix_ms: 100_000,
+        members: Vec::new(),
+        pending: Vec::new(),
+    };
+    assert_eq!(changed, vec![(v, Some(after_reload))]);
 }

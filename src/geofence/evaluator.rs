@@ -382,7 +382,8 @@ impl Evaluator {
     pub fn swap_index(&mut self, new: Arc<FenceIndex>) {
         let old = std::mem::replace(&mut self.index, new);
         let remap = |f: FenceIdx| self.index.find(&old.fence(f).id);
-        for state in self.vehicles.values_mut() {
+        for (id, state) in self.vehicles.iter_mut() {
+            let (members, pending) = (state.members.len(), state.pending.len());
             state.members = state.members.iter().filter_map(|&f| remap(f)).collect();
             state.members.sort_unstable();
             state.pending = state
@@ -390,6 +391,14 @@ impl Evaluator {
                 .iter()
                 .filter_map(|&(f, s)| remap(f).map(|n| (n, s)))
                 .collect();
+            // A membership the reload dropped must leave the store too, or
+            // the fence's return (a second reload, a restart with the old
+            // file) would bring it back where a running geogate would not.
+            let shrank = state.members.len() < members || state.pending.len() < pending;
+            if self.track_changes && shrank && !state.changed {
+                state.changed = true;
+                self.changed.push(id.clone());
+            }
         }
     }
 }

@@ -14,14 +14,18 @@ use std::path::Path;
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Tail {
-    /// Seq on the last complete line, if it has one (lines written before
-    /// seqs existed have none).
+    /// Seq on the last complete line that has one, within the last
+    /// [`LINES_SEARCHED`] lines (lines written before seqs existed have
+    /// none).
     pub last_seq: Option<u64>,
     /// The file holds at least one complete line.
     pub has_lines: bool,
     /// Bytes of a torn last line that were cut off.
     pub torn_bytes: u64,
 }
+
+/// Lines looked at, from the end, for one that carries a seq.
+const LINES_SEARCHED: usize = 1000;
 
 /// Reads the tail of `path` without changing it. A missing file is an
 /// empty one.
@@ -40,16 +44,25 @@ pub fn read(path: &Path) -> io::Result<Tail> {
         });
     };
     let torn_bytes = len - (end + 1);
-    let start = match last_newline(&mut file, end)? {
-        Some(previous) => previous + 1,
-        None => 0,
-    };
-    let mut line = vec![0; (end - start) as usize];
-    file.seek(SeekFrom::Start(start))?;
-    file.read_exact(&mut line)?;
-    let last_seq = serde_json::from_slice::<serde_json::Value>(&line)
-        .ok()
-        .and_then(|v| v.get("seq").and_then(serde_json::Value::as_u64));
+    // The last line with a seq: a line someone else appended (or an empty
+    // one) must not make the relay start again from seq 1.
+    let mut last_seq = None;
+    let mut line_end = Some(end);
+    for _ in 0..LINES_SEARCHED {
+        let Some(end) = line_end else { break };
+        let start = last_newline(&mut file, end)?;
+        let from = start.map_or(0, |s| s + 1);
+        let mut line = vec![0; (end - from) as usize];
+        file.seek(SeekFrom::Start(from))?;
+        file.read_exact(&mut line)?;
+        last_seq = serde_json::from_slice::<serde_json::Value>(&line)
+            .ok()
+            .and_then(|v| v.get("seq").and_then(serde_json::Value::as_u64));
+        if last_seq.is_some() {
+            break;
+        }
+        line_end = start;
+    }
     Ok(Tail {
         last_seq,
         has_lines: true,
@@ -124,6 +137,10 @@ mod tests {
         // A line from before seqs: history without a seq.
         let (tail, _) = tail_of(b"{\"vehicle\":\"v\"}\n");
         assert_eq!((tail.last_seq, tail.has_lines), (None, true));
+
+        // Something else appended after the last transition.
+        let (tail, _) = tail_of(b"{\"seq\":7}\n\nnot json\n");
+        assert_eq!(tail.last_seq, Some(7));
 
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(read(&dir.path().join("none")).unwrap(), Tail::default());

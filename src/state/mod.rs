@@ -56,6 +56,10 @@ pub enum StateError {
         events: PathBuf,
         file_seq: u64,
     },
+    #[error(
+        "events file {path} has lines but none with a seq near its end, while the state has written {store_seq} transitions: it is not the file this state wrote to. Point events.path at that file, or move this one aside"
+    )]
+    EventsWithoutSeq { path: PathBuf, store_seq: u64 },
     #[error("state file {path}: vehicle {vehicle:?}: {source}")]
     Corrupt {
         path: PathBuf,
@@ -179,6 +183,18 @@ pub fn open(config: &StateConfig, events: Option<&Path>) -> Result<Opened, State
             }
             let (store, mut recovered) = embedded::EmbeddedStore::open(path, config)?;
             let store_seq = recovered.next_seq.saturating_sub(1);
+            if tail.has_lines
+                && tail.last_seq.is_none()
+                && store_seq > 0
+                && let Some(events) = events
+            {
+                // Transitions were written, yet no line says which: the
+                // relay cannot tell where to go on without repeating.
+                return Err(StateError::EventsWithoutSeq {
+                    path: events.to_owned(),
+                    store_seq,
+                });
+            }
             if file_seq > store_seq {
                 if !recovered.created {
                     return Err(StateError::Behind {
