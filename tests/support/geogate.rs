@@ -177,7 +177,11 @@ listen = "127.0.0.1:{metrics_port}"
             if log.contains(&needle) {
                 return;
             }
-            assert!(Instant::now() < deadline, "never reached {point}:\n{log}");
+            assert!(
+                Instant::now() < deadline,
+                "never reached {point}:\n{}",
+                log.lines().rev().take(30).collect::<Vec<_>>().join("\n")
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -187,7 +191,57 @@ listen = "127.0.0.1:{metrics_port}"
         self.extra_args = extra.iter().map(|a| a.to_string()).collect();
     }
 
+    /// Starts the process. The metrics port was picked by binding and
+    /// releasing it, so a parallel test can take it first: geogate then
+    /// exits naming the address, and it is started again on a fresh port
+    /// (the failed attempt's lines are taken back out of the log).
     fn spawn(&mut self) {
+        let log_path = self.dir.join("stderr.log");
+        for _ in 0..5 {
+            let before = std::fs::read_to_string(&log_path).unwrap_or_default();
+            self.spawn_once();
+            if !self.lost_metrics_port(before.len()) {
+                return;
+            }
+            std::fs::write(&log_path, before).expect("log");
+            let config = PathBuf::from(&self.args[2]);
+            let text = std::fs::read_to_string(&config).expect("config");
+            let old = format!("listen = \"127.0.0.1:{}\"", self.metrics_port);
+            self.metrics_port = free_port();
+            let new = format!("listen = \"127.0.0.1:{}\"", self.metrics_port);
+            std::fs::write(&config, text.replace(&old, &new)).expect("config");
+        }
+        panic!("no free port for geogate's metrics in 5 attempts");
+    }
+
+    /// Waits (≤ 20 s) until the process has bound its metrics port (true
+    /// if it exited because the port was taken).
+    fn lost_metrics_port(&mut self, log_offset: usize) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let log = std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default();
+            let new = log.get(log_offset..).unwrap_or("");
+            if new.contains("metrics on http://") {
+                return false;
+            }
+            let exited = self
+                .child
+                .as_mut()
+                .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+            if exited {
+                // Read again: the last lines may have landed after the look.
+                let log = std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default();
+                let new = log.get(log_offset..).unwrap_or("");
+                return new.contains("metrics exporter") && new.contains("Address already in use");
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn spawn_once(&mut self) {
         let stderr = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
