@@ -133,7 +133,7 @@ fn acks_answer_only_their_own_connection() {
     );
     let geogate = GeogateProcess::start(
         dir.path(),
-        &setup(proxy.port, "ack-tags", "sustained_rate = 300"),
+        &setup(proxy.port, "ack-tags", "sustained_rate = 100"),
     );
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let mut kept = Vec::new();
@@ -286,7 +286,7 @@ fn reordered_deliveries_show_as_out_of_order() {
     let line = support::geogate::accounting_line(&stdout);
     assert_eq!(
         line,
-        "accounting: received 20 = invalid 0 + shed 0 + evaluated 10 + out_of_order 10 + in_queue 0 (balanced)"
+        "accounting: received 20 = invalid 0 (duplicate 0) + shed 0 + evaluated 10 + out_of_order 10 + in_queue 0 (balanced)"
     );
     // Only the newer fix of each pair was applied: the odd ones, all in B.
     // The even ones, in A, came late and moved the vehicle nowhere.

@@ -160,7 +160,7 @@ fn check_known_stream(broker_port: u16, embedded: bool, extra_mqtt: &str) {
     let line = support::geogate::accounting_line(&stdout);
     assert!(line.ends_with("(balanced)"), "{line}");
     let expect = format!(
-        "accounting: received {} = invalid 8 + shed {shed} + evaluated {} + out_of_order 0 + in_queue 0 (balanced)",
+        "accounting: received {} = invalid 8 (duplicate 1) + shed {shed} + evaluated {} + out_of_order 0 + in_queue 0 (balanced)",
         total as usize,
         total as usize - 8 - shed
     );
@@ -353,7 +353,7 @@ fn out_of_order_fixes_have_their_own_term() {
     let line = support::geogate::accounting_line(&stdout);
     assert_eq!(
         line,
-        "accounting: received 5 = invalid 0 + shed 0 + evaluated 1 + out_of_order 4 + in_queue 0 (balanced)"
+        "accounting: received 5 = invalid 0 (duplicate 0) + shed 0 + evaluated 1 + out_of_order 4 + in_queue 0 (balanced)"
     );
     let events = read_ndjson(&dir.path().join("events.ndjson"));
     assert_eq!(events.len(), 1, "{events:?}");

@@ -208,7 +208,7 @@ fn bad_input_corpus_through_mosquitto() {
     assert_eq!(
         line,
         format!(
-            "accounting: received {} = invalid {} + shed 0 + evaluated {good} + out_of_order 0 + in_queue 0 (balanced)",
+            "accounting: received {} = invalid {} (duplicate 0) + shed 0 + evaluated {good} + out_of_order 0 + in_queue 0 (balanced)",
             stream.len(),
             corpus.len()
         )
@@ -274,7 +274,7 @@ fn sigterm_mid_burst_drains_and_balances() {
     assert_eq!(
         line,
         format!(
-            "accounting: received 3000 = invalid 0 + shed {shed} + evaluated {} + out_of_order 0 + in_queue 0 (balanced)",
+            "accounting: received 3000 = invalid 0 (duplicate 0) + shed {shed} + evaluated {} + out_of_order 0 + in_queue 0 (balanced)",
             3000 - shed
         )
     );

@@ -83,7 +83,7 @@ fn a_dead_letter_on_a_full_device_acks_nothing_and_shuts_down_cleanly() {
     assert!(ok, "{stdout}");
     let line = support::geogate::accounting_line(&stdout);
     assert!(
-        line.contains("invalid 0 +") && line.ends_with("(balanced)"),
+        line.contains("invalid 0 (duplicate 0) +") && line.ends_with("(balanced)"),
         "{line}"
     );
     assert!(!line.contains("in_queue 0 "), "left in queue: {line}");

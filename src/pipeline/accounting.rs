@@ -62,6 +62,9 @@ pub struct Accounting {
 pub struct Balance {
     pub received: u64,
     pub invalid: u64,
+    /// Of `invalid`: redeliveries recognised (by the dedup window or by the
+    /// vehicle state), shown beside it so a restart's redeliveries are seen.
+    pub duplicate: u64,
     pub shed: u64,
     pub evaluated: u64,
     pub out_of_order: u64,
@@ -77,9 +80,10 @@ impl Balance {
     /// The line geogate prints at shutdown.
     pub fn line(&self) -> String {
         format!(
-            "accounting: received {} = invalid {} + shed {} + evaluated {} + out_of_order {} + in_queue {} ({})",
+            "accounting: received {} = invalid {} (duplicate {}) + shed {} + evaluated {} + out_of_order {} + in_queue {} ({})",
             self.received,
             self.invalid,
+            self.duplicate,
             self.shed,
             self.evaluated,
             self.out_of_order,
@@ -166,9 +170,11 @@ impl Accounting {
             .sum::<u64>()
             + duplicates;
         let received = self.received.0.load(Relaxed);
+        let window_duplicates = self.router.0.invalid[Reason::Duplicate as usize].load(Relaxed);
         Balance {
             received,
             invalid,
+            duplicate: window_duplicates + duplicates,
             shed,
             evaluated,
             out_of_order,
