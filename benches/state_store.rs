@@ -81,11 +81,7 @@ fn fill(store: &mut dyn Store) {
             .map(|&i| (vehicle(i), Some(state_bytes(i, 0))))
             .collect();
         store
-            .commit(&CommitBatch {
-                vehicles,
-                next_seq: 1,
-                ..CommitBatch::default()
-            })
+            .commit(&CommitBatch::vehicles_only(vehicles))
             .expect("fill");
     }
 }

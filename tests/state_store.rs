@@ -42,13 +42,7 @@ fn a_million_vehicles_take_at_most_300_bytes_each_and_read_back_intact() {
                 (VehicleId::from(format!("van{i:07}")), Some(bytes))
             })
             .collect();
-        store
-            .commit(&CommitBatch {
-                vehicles,
-                next_seq: 1,
-                ..CommitBatch::default()
-            })
-            .unwrap();
+        store.commit(&CommitBatch::vehicles_only(vehicles)).unwrap();
     }
     let per_vehicle = store.size_bytes() as f64 / VEHICLES as f64;
     eprintln!("{per_vehicle:.1} bytes per vehicle");

@@ -99,6 +99,17 @@ pub struct CommitBatch {
     pub mqtt_cursor: u64,
 }
 
+impl CommitBatch {
+    /// Vehicle records only, before any transition (loading a store).
+    pub fn vehicles_only(vehicles: Vec<VehicleChange>) -> Self {
+        Self {
+            vehicles,
+            next_seq: 1,
+            ..Self::default()
+        }
+    }
+}
+
 /// Everything committed, read back at start.
 #[derive(Debug, Default)]
 pub struct Recovered {
