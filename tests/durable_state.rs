@@ -286,6 +286,11 @@ fn mqtt_transitions_arrive_at_least_once_across_a_sigkill() {
     geogate.restart();
     let got = finish(&mut geogate, want_ids.len());
     assert_same_as(&got, &want, "file, with MQTT on");
+    runtime.block_on(publish_all(
+        broker.port,
+        &[(LAST.to_owned(), b"{}".to_vec())],
+        None,
+    ));
     let (missing, copies) = runtime.block_on(collector).unwrap();
     assert!(missing.is_empty(), "never published: {missing:?}");
     // The kill left published-but-unconfirmed ones, sent again.
@@ -296,8 +301,12 @@ fn mqtt_transitions_arrive_at_least_once_across_a_sigkill() {
     );
 }
 
-/// Subscribes to every transition topic; returns the ids never seen (≤ 60
-/// s) and how many copies arrived.
+/// Published by the test after geogate has stopped: the broker passes it
+/// on after everything geogate published before, so it marks the end.
+const LAST: &str = "geogate/events/~end-of-test";
+
+/// Subscribes to every transition topic; returns the ids never seen and
+/// how many copies arrived before [`LAST`] (≤ 60 s).
 async fn collect_ids(
     port: u16,
     mut want: BTreeSet<String>,
@@ -314,13 +323,14 @@ async fn collect_ids(
     let mut copies = 0;
     let mut ready = Some(ready);
     let run = async {
-        while !want.is_empty() {
+        loop {
             match events.poll().await {
                 Ok(Event::Incoming(Packet::SubAck(_))) => {
                     if let Some(r) = ready.take() {
                         let _ = r.send(());
                     }
                 }
+                Ok(Event::Incoming(Packet::Publish(p))) if p.topic == LAST => break,
                 Ok(Event::Incoming(Packet::Publish(p))) => {
                     let v: serde_json::Value = serde_json::from_slice(&p.payload).unwrap();
                     want.remove(v["id"].as_str().unwrap_or(""));
