@@ -85,6 +85,7 @@ impl Finished {
         let c = &self.counters;
         c.accounting
             .finished(self.evaluated, self.out_of_order, self.duplicates);
+        c.accounting.transitions(self.transitions);
         c.evaluated.increment(self.evaluated);
         c.out_of_order.increment(self.out_of_order);
         c.duplicates.increment(self.duplicates);
