@@ -12,7 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use support::geogate::{
-    GeogateProcess, Message, exclusive, publish_all, read_ndjson_so_far, setup,
+    END_OF_TEST, GeogateProcess, Message, collect_events_until_end, exclusive, publish_all,
+    read_ndjson_so_far, setup,
 };
 
 const T0: i64 = 1_750_000_000_000;
@@ -288,7 +289,7 @@ fn mqtt_transitions_arrive_at_least_once_across_a_sigkill() {
     assert_same_as(&got, &want, "file, with MQTT on");
     runtime.block_on(publish_all(
         broker.port,
-        &[(LAST.to_owned(), b"{}".to_vec())],
+        &[(END_OF_TEST.to_owned(), b"{}".to_vec())],
         None,
     ));
     let (missing, copies) = runtime.block_on(collector).unwrap();
@@ -301,47 +302,18 @@ fn mqtt_transitions_arrive_at_least_once_across_a_sigkill() {
     );
 }
 
-/// Published by the test after geogate has stopped: the broker passes it
-/// on after everything geogate published before, so it marks the end.
-const LAST: &str = "geogate/events/~end-of-test";
-
 /// Subscribes to every transition topic; returns the ids never seen and
-/// how many copies arrived before [`LAST`] (≤ 60 s).
+/// how many copies arrived before [`END_OF_TEST`] (≤ 60 s).
 async fn collect_ids(
     port: u16,
     mut want: BTreeSet<String>,
     ready: tokio::sync::oneshot::Sender<()>,
 ) -> (BTreeSet<String>, usize) {
-    use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
-    let mut options = MqttOptions::new("event-collector", "127.0.0.1", port);
-    options.set_keep_alive(Duration::from_secs(10));
-    let (client, mut events) = AsyncClient::new(options, 100);
-    client
-        .subscribe("geogate/events/#", QoS::AtLeastOnce)
-        .await
-        .unwrap();
-    let mut copies = 0;
-    let mut ready = Some(ready);
-    let run = async {
-        loop {
-            match events.poll().await {
-                Ok(Event::Incoming(Packet::SubAck(_))) => {
-                    if let Some(r) = ready.take() {
-                        let _ = r.send(());
-                    }
-                }
-                Ok(Event::Incoming(Packet::Publish(p))) if p.topic == LAST => break,
-                Ok(Event::Incoming(Packet::Publish(p))) => {
-                    let v: serde_json::Value = serde_json::from_slice(&p.payload).unwrap();
-                    want.remove(v["id"].as_str().unwrap_or(""));
-                    copies += 1;
-                }
-                _ => {}
-            }
-        }
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(60), run).await;
-    (want, copies)
+    let copies = collect_events_until_end(port, "event-collector", ready).await;
+    for (_, v) in &copies {
+        want.remove(v["id"].as_str().unwrap_or(""));
+    }
+    (want, copies.len())
 }
 
 /// (b) A deploy: SIGTERM part-way through, start again.

@@ -567,6 +567,47 @@ pub async fn collect(
     got
 }
 
+/// A topic geogate never publishes to: a test publishes it after the events
+/// it waits for, so a collector knows everything before it has arrived.
+pub const END_OF_TEST: &str = "geogate/events/~end-of-test";
+
+/// Subscribes to geogate's events and keeps every copy with the moment it
+/// arrived, until [`END_OF_TEST`] comes (≤ 60 s; a timeout returns what came).
+pub async fn collect_events_until_end(
+    port: u16,
+    client_id: &str,
+    ready: tokio::sync::oneshot::Sender<()>,
+) -> Vec<(std::time::Instant, serde_json::Value)> {
+    let mut options = MqttOptions::new(client_id, "127.0.0.1", port);
+    options.set_keep_alive(Duration::from_secs(10));
+    let (client, mut events) = AsyncClient::new(options, 100);
+    client
+        .subscribe("geogate/events/#", QoS::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    let mut ready = Some(ready);
+    let mut got = Vec::new();
+    let run = async {
+        loop {
+            match events.poll().await {
+                Ok(Event::Incoming(Packet::SubAck(_))) => {
+                    if let Some(r) = ready.take() {
+                        let _ = r.send(());
+                    }
+                }
+                Ok(Event::Incoming(Packet::Publish(p))) if p.topic == END_OF_TEST => break,
+                Ok(Event::Incoming(Packet::Publish(p))) => got.push((
+                    std::time::Instant::now(),
+                    serde_json::from_slice(&p.payload).expect("events are JSON"),
+                )),
+                _ => {}
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(60), run).await;
+    got
+}
+
 /// The (vehicle, fix time) of every `enter` in an events file a running
 /// geogate is writing: with fixes that alternate between fences A and B,
 /// one per evaluated fix.

@@ -47,14 +47,18 @@ pub async fn worker(
         .map(|k| metrics::counter!("geogate_fence_transitions_total", "kind" => k.as_str()));
     let pace =
         (ctx.sustained_rate > 0.0).then(|| Duration::from_secs_f64(1.0 / ctx.sustained_rate));
+    // A paced worker stands in for a slow one, and what a worker holds in
+    // its batch is invisible to the watermark: paced, it takes one event at
+    // a time so its backlog stays in the queue where the router sees it.
+    let batch_limit = if pace.is_some() { 1 } else { BATCH };
     let mut next_slot = Instant::now();
-    let mut batch = Vec::with_capacity(BATCH);
+    let mut batch = Vec::with_capacity(batch_limit);
     let mut changed: Vec<(VehicleId, Option<VehicleSnapshot>)> = Vec::new();
     'batches: loop {
         // One wake-up per batch, not per event: measured in
         // benches/pipeline.rs, per-event parking cost a third of the time.
         let received = tokio::select! {
-            n = rx.recv_many(&mut batch, BATCH) => n,
+            n = rx.recv_many(&mut batch, batch_limit) => n,
             _ = wait_deadline(&mut ctx.deadline) => 0,
         };
         if received == 0 {
