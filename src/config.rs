@@ -19,7 +19,7 @@ pub struct Config {
     pub embedded_broker: EmbeddedBrokerConfig,
     #[serde(default)]
     pub pipeline: PipelineConfig,
-    pub gate: GateSpec,
+    pub gate: GateConfig,
     #[serde(default)]
     pub codec: CodecSettings,
     pub fences: FencesConfig,
@@ -70,6 +70,71 @@ impl Default for DemoConfig {
             report_dir: "geogate-report".into(),
         }
     }
+}
+
+/// Each shard's gate, and optionally the allowance all instances share.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GateConfig {
+    pub kind: GateKind,
+    pub rate: f64,
+    pub burst: u32,
+    /// `[gate.global]`: one budget in Redis for every instance together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global: Option<GlobalAllowanceConfig>,
+}
+
+impl GateConfig {
+    /// The shard gate alone.
+    pub fn spec(&self) -> GateSpec {
+        GateSpec {
+            kind: self.kind,
+            rate: self.rate,
+            burst: self.burst,
+        }
+    }
+}
+
+impl From<GateSpec> for GateConfig {
+    fn from(spec: GateSpec) -> Self {
+        Self {
+            kind: spec.kind,
+            rate: spec.rate,
+            burst: spec.burst,
+            global: None,
+        }
+    }
+}
+
+/// The Redis token bucket behind `[gate.global]` (see `allowance`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GlobalAllowanceConfig {
+    /// `redis://host:port`: one for a single node, the seed nodes for a
+    /// Cluster (then `cluster = true`).
+    pub urls: Vec<String>,
+    #[serde(default)]
+    pub cluster: bool,
+    /// The accounting key: instances with the same key share one budget.
+    #[serde(default = "defaults::allowance_key")]
+    pub key: String,
+    /// Tokens per second for all instances together.
+    pub rate: f64,
+    /// The shared bucket's capacity b (it starts full).
+    pub burst: u32,
+    /// Tokens one low-priority event costs.
+    #[serde(default = "defaults::allowance_cost")]
+    pub cost: u32,
+    /// Most tokens one instance holds locally, taken from Redis in chunks;
+    /// loosens the shared bound by at most this much per instance.
+    #[serde(default = "defaults::allowance_reserve")]
+    pub reserve: u32,
+    /// Once Redis is unreachable and the reserve is spent: `open` admits
+    /// (counted), `closed` sheds. Required: the choice must be explicit.
+    pub fail_mode: crate::allowance::FailMode,
+    /// For each connect and each reply, in milliseconds.
+    #[serde(default = "defaults::allowance_timeout_ms")]
+    pub timeout_ms: u64,
 }
 
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
@@ -295,6 +360,18 @@ impl Default for MetricsConfig {
 
 mod defaults {
     use super::FsyncPolicy;
+    pub fn allowance_key() -> String {
+        "geogate:allowance".into()
+    }
+    pub fn allowance_cost() -> u32 {
+        1
+    }
+    pub fn allowance_reserve() -> u32 {
+        32
+    }
+    pub fn allowance_timeout_ms() -> u64 {
+        250
+    }
     pub fn max_packet_bytes() -> usize {
         8 * 1024 * 1024
     }
@@ -345,6 +422,68 @@ pub enum ConfigError {
     Syntax(String),
     #[error("{} config error(s):\n{}", .0.len(), .0.iter().map(|p| format!("  {}: {}", p.field, p.message)).collect::<Vec<_>>().join("\n"))]
     Invalid(Vec<ConfigProblem>),
+}
+
+impl GlobalAllowanceConfig {
+    /// Reports each problem under `gate.global.<field>`.
+    fn check(&self, problem: &mut impl FnMut(&str, String)) {
+        if self.urls.is_empty() {
+            problem(
+                "gate.global.urls",
+                "name at least one redis://host:port".into(),
+            );
+        }
+        for url in &self.urls {
+            if redis::parse_redis_url(url).is_none() {
+                problem(
+                    "gate.global.urls",
+                    format!("{url:?} is not a redis://host:port URL"),
+                );
+            }
+        }
+        if self.urls.len() > 1 && !self.cluster {
+            problem(
+                "gate.global.cluster",
+                format!(
+                    "{} urls given: several seed nodes mean a Cluster, so set cluster = true (a single node takes one url)",
+                    self.urls.len()
+                ),
+            );
+        }
+        if self.key.is_empty() {
+            problem("gate.global.key", "must not be empty".into());
+        }
+        if !(self.rate.is_finite() && self.rate > 0.0) {
+            problem(
+                "gate.global.rate",
+                format!("must be a number > 0 (tokens/s), got {}", self.rate),
+            );
+        }
+        if self.burst == 0 {
+            problem("gate.global.burst", "must be ≥ 1".into());
+        }
+        if self.cost == 0 || self.cost > self.burst {
+            problem(
+                "gate.global.cost",
+                format!(
+                    "must be between 1 and burst ({}), got {}",
+                    self.burst, self.cost
+                ),
+            );
+        }
+        if self.reserve < self.cost || self.reserve > self.burst {
+            problem(
+                "gate.global.reserve",
+                format!(
+                    "must be between cost ({}) and burst ({}), got {}",
+                    self.cost, self.burst, self.reserve
+                ),
+            );
+        }
+        if self.timeout_ms == 0 {
+            problem("gate.global.timeout_ms", "must be ≥ 1".into());
+        }
+    }
 }
 
 impl Config {
@@ -452,13 +591,16 @@ impl Config {
                 "fixed_window is lab-only; use token, leaky_meter or leaky_shaper".into(),
             );
         }
-        if let Err(e) = self.gate.build() {
+        if let Err(e) = self.gate.spec().build() {
             let field = match e {
                 crate::admission::GateSpecError::Rate(_) => "gate.rate",
                 crate::admission::GateSpecError::Burst(_) => "gate.burst",
                 crate::admission::GateSpecError::Syntax(_) => "gate",
             };
             problem(field, e.to_string());
+        }
+        if let Some(global) = &self.gate.global {
+            global.check(&mut problem);
         }
         for (field, v) in [
             ("fences.hysteresis_m", self.fences.hysteresis_m),

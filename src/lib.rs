@@ -6,6 +6,7 @@
 //! * [`source`]: where messages come from (MQTT intake, ordered acks);
 //! * [`codec`]: bytes and topic → telemetry, or a precise reason;
 //! * [`admission`]: the gates and the one admission rule;
+//! * [`allowance`]: the budget all instances share, in Redis;
 //! * [`pipeline`]: wiring, the shard router and workers, the accounting;
 //! * [`geofence`]: fences, the index, exact containment, enter/exit state;
 //! * [`state`]: per-vehicle state and the outbox, across crashes;
@@ -13,9 +14,10 @@
 //! * [`replay`]: captures, record, live and virtual replay, synth;
 //! * [`lab`], [`report`], [`cli`]: what the commands show;
 //! * [`clock`], [`model`], [`config`], [`backoff`], [`broker`],
-//!   [`metrics`]: shared pieces.
+//!   [`metrics`], [`redis_link`]: shared pieces.
 
 pub mod admission;
+pub mod allowance;
 pub mod backoff;
 pub mod broker;
 pub mod cli;
@@ -27,6 +29,7 @@ pub mod lab;
 pub mod metrics;
 pub mod model;
 pub mod pipeline;
+pub mod redis_link;
 pub mod replay;
 pub mod report;
 pub mod sink;

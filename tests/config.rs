@@ -100,3 +100,59 @@ fn the_state_section_is_checked_and_names_its_field() {
     let err = Config::parse(&unknown).unwrap_err().to_string();
     assert!(err.contains("backend") && err.contains("embedded"), "{err}");
 }
+
+/// `[gate.global]`: the documented example parses; each bad field is named;
+/// the fail mode must be chosen, not defaulted.
+#[test]
+fn the_global_allowance_is_checked_and_names_its_field() {
+    let text = std::fs::read_to_string("config/geogate.toml").unwrap();
+    let start = text
+        .find("# [gate.global]")
+        .expect("documented in the example");
+    let end = text[start..].find("\n\n").map_or(text.len(), |n| start + n);
+    let uncommented: String = text[start..end]
+        .lines()
+        .map(|l| l.strip_prefix("# ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let enabled = format!("{}{}{}", &text[..start], uncommented, &text[end..]);
+    let config = Config::parse(&enabled).expect("the documented [gate.global] is valid");
+    let global = config.gate.global.expect("global allowance");
+    assert_eq!(
+        (global.rate, global.burst, global.reserve),
+        (5000.0, 10000, 32)
+    );
+
+    let bad = enabled
+        .replace(
+            "urls = [\"redis://127.0.0.1:6379\"]",
+            "urls = [\"http://x\", \"redis://127.0.0.1:6380\"]",
+        )
+        .replace("rate = 5000 ", "rate = 0 ")
+        .replace("reserve = 32", "reserve = 20000");
+    let Err(ConfigError::Invalid(problems)) = Config::parse(&bad) else {
+        panic!("expected an invalid config");
+    };
+    let fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
+    for field in [
+        "gate.global.urls",
+        "gate.global.cluster",
+        "gate.global.rate",
+        "gate.global.reserve",
+    ] {
+        assert!(fields.contains(&field), "{field} not in {problems:?}");
+    }
+    let url = problems
+        .iter()
+        .find(|p| p.field == "gate.global.urls")
+        .unwrap();
+    assert!(url.message.contains("http://x"), "{}", url.message);
+
+    let no_mode: String = enabled
+        .lines()
+        .filter(|l| !l.starts_with("fail_mode"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let err = Config::parse(&no_mode).unwrap_err().to_string();
+    assert!(err.contains("fail_mode"), "{err}");
+}

@@ -8,14 +8,21 @@
 //! | at or above it | High | enqueue, waiting for room if full (never shed) |
 //! | at or above it, queue full, gate does not pace | Low | shed `queue_full`; the gate is not asked, so nothing is spent |
 //! | at or above it, otherwise | Low | the gate decides: release at `release_at`, or shed with its retry hint |
+//! | … with `[gate.global]` | Low | the global allowance must also have room, checked first and paid only once the gate admits |
 //!
 //! A pacing gate (the leaky shaper) is asked even at a full queue: what it
 //! admits waits at the gate for its release time, and then for room, so it
 //! never queues past capacity either.
+//!
+//! The global allowance (see `allowance`) is looked at before the gate and
+//! paid after it, so a refusal by either spends nothing from the other;
+//! when both would refuse, the shed names the global allowance.
 
 use super::{AdmissionPolicy, AnyGate, Gate, RejectReason, Route};
+use crate::allowance::{GlobalAllowance, Spend};
 use crate::clock::Nanos;
 use crate::model::Priority;
+use std::sync::Arc;
 
 /// Why a Low event was shed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +34,9 @@ pub enum ShedCause {
         retry_after: Option<Nanos>,
         reason: RejectReason,
     },
+    /// The global allowance refused: exhausted (with its hint), or Redis
+    /// unreachable under `fail_mode = closed`.
+    Global(Spend),
 }
 
 /// What happens to one event.
@@ -47,11 +57,22 @@ pub enum Verdict {
 pub struct Admission {
     policy: AdmissionPolicy,
     gate: AnyGate,
+    global: Option<Arc<GlobalAllowance>>,
 }
 
 impl Admission {
     pub fn new(policy: AdmissionPolicy, gate: AnyGate) -> Self {
-        Self { policy, gate }
+        Self {
+            policy,
+            gate,
+            global: None,
+        }
+    }
+
+    /// Low events the gate admits must also be paid from `global`.
+    pub fn with_global(mut self, global: Arc<GlobalAllowance>) -> Self {
+        self.global = Some(global);
+        self
     }
 
     pub fn policy(&self) -> &AdmissionPolicy {
@@ -60,6 +81,10 @@ impl Admission {
 
     pub fn gate(&self) -> &AnyGate {
         &self.gate
+    }
+
+    pub fn has_global(&self) -> bool {
+        self.global.is_some()
     }
 
     /// Whether admitted events wait at the gate for a release time.
@@ -76,8 +101,21 @@ impl Admission {
                 if fill >= self.policy.capacity() && !self.paces() {
                     return Verdict::Shed(ShedCause::QueueFull);
                 }
+                let global = self.global.as_deref().map(GlobalAllowance::check);
+                if let Some(refused @ (Spend::Exhausted { .. } | Spend::Unavailable)) = global {
+                    return Verdict::Shed(ShedCause::Global(refused));
+                }
                 match self.gate.try_admit(now, 1) {
-                    super::Decision::Admit { release_at } => Verdict::Release { at: release_at },
+                    super::Decision::Admit { release_at } => {
+                        if let Some(allowance) = &self.global {
+                            match global {
+                                Some(Spend::Paid) => allowance.spend(),
+                                Some(Spend::AdmittedFailOpen) => allowance.admitted_unpaid(),
+                                _ => {}
+                            }
+                        }
+                        Verdict::Release { at: release_at }
+                    }
                     super::Decision::Reject {
                         retry_after,
                         reason,

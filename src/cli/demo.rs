@@ -108,7 +108,7 @@ pub async fn run(
     config.state.reset = true;
     config.pipeline.sustained_rate = demo.sustained_rate;
     config.pipeline.queue_capacity = demo.queue_capacity;
-    config.gate = demo.gate.clone();
+    config.gate = demo.gate.clone().into();
     config.mqtt.client_id = format!("geogate-demo-{}", std::process::id());
 
     let port = free_or(config.embedded_broker.port);

@@ -12,6 +12,7 @@ pub mod accounting;
 pub mod shard;
 
 use crate::admission::{Admission, AdmissionPolicy, GateKind};
+use crate::allowance::{GlobalAllowance, RedisTarget, SharedBucket};
 use crate::clock::MonotonicClock;
 use crate::codec::Dedup;
 use crate::config::Config;
@@ -218,6 +219,21 @@ pub async fn run(
         idle_expiry_ms: (config.fences.idle_expiry_s * 1000.0) as i64,
     };
     let clock = MonotonicClock::new();
+    // The global allowance's refiller runs beside the router, which never
+    // waits on Redis: it spends from the reserve the refiller fills.
+    let global = config.gate.global.as_ref().map(|g| {
+        let allowance = Arc::new(GlobalAllowance::new(g.cost, g.reserve, g.fail_mode));
+        let refiller = tokio::spawn(crate::allowance::refill(
+            allowance.clone(),
+            SharedBucket::new(&g.key, g.rate, g.burst, g.cost),
+            RedisTarget {
+                urls: g.urls.clone(),
+                cluster: g.cluster,
+                timeout: Duration::from_millis(g.timeout_ms),
+            },
+        ));
+        (allowance, refiller)
+    });
     let mut inputs = Vec::with_capacity(shard_count);
     let mut queues = Vec::with_capacity(shard_count);
     let mut workers = Vec::with_capacity(shard_count);
@@ -226,19 +242,19 @@ pub async fn run(
         queues.push(tx.downgrade());
         let gate = config
             .gate
+            .spec()
             .build()
             .map_err(|e| PipelineError::Config(e.to_string()))?;
+        let mut admission = Admission::new(policy, gate);
+        if let Some((allowance, _)) = &global {
+            admission = admission.with_global(allowance.clone());
+        }
         let lane = (config.gate.kind == GateKind::LeakyShaper).then(|| {
             let (lane_tx, lane_rx) = mpsc::unbounded_channel();
             tokio::spawn(shaper_lane(clock, lane_rx, tx.clone()));
             lane_tx
         });
-        inputs.push(ShardInput::new(
-            shard,
-            tx,
-            Admission::new(policy, gate),
-            lane,
-        ));
+        inputs.push(ShardInput::new(shard, tx, admission, lane));
         let evaluator = stage.evaluator(shard, fence_rx.borrow().clone(), settings);
         let ctx = WorkerContext {
             shard,
@@ -303,6 +319,9 @@ pub async fn run(
     control.acks_flushed();
     let _ = tokio::time::timeout(Duration::from_secs(5), poll).await;
     gauges.abort();
+    if let Some((_, refiller)) = global {
+        refiller.abort();
+    }
     if let Some(dl) = dead_letter.as_mut()
         && let Err(e) = dl.sync()
     {

@@ -6,6 +6,7 @@
 pub mod browser;
 pub mod geogate;
 pub mod proxy;
+pub mod redis;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -164,7 +165,7 @@ impl Drop for Mosquitto {
 /// Waits (at most 10 s) until `child` accepts connections on `port`:
 /// false if it exits first (the port was taken), so the listener found is
 /// never someone else's.
-fn wait_for_child_port(child: &mut std::process::Child, port: u16) -> bool {
+pub fn wait_for_child_port(child: &mut std::process::Child, port: u16) -> bool {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         if child.try_wait().ok().flatten().is_some() {

@@ -31,6 +31,8 @@ pub struct ShardInput {
     pending: Vec<Admitted>,
     pub(crate) admitted: [Counter; 2],
     pub(crate) shed: Counter,
+    /// Sheds by the global allowance, when there is one.
+    pub(crate) shed_global: Option<Counter>,
     depth: Gauge,
     pub(crate) level: Gauge,
     pub(crate) backpressure: Counter,
@@ -53,6 +55,7 @@ impl ShardInput {
                 metrics::counter!("geogate_events_admitted_total", "shard" => label.clone(), "priority" => p.as_str())
             }),
             shed: metrics::counter!("geogate_events_shed_total", "shard" => label.clone(), "gate" => gate),
+            shed_global: admission.has_global().then(|| metrics::counter!("geogate_events_shed_total", "shard" => label.clone(), "gate" => "global")),
             depth: metrics::gauge!("geogate_queue_depth", "shard" => label.clone()),
             level: metrics::gauge!("geogate_gate_level", "shard" => label.clone()),
             backpressure: metrics::counter!("geogate_backpressure_waits_total", "shard" => label.clone()),

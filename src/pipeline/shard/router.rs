@@ -7,6 +7,7 @@
 use super::input::{BURST, ShardInput};
 use super::{Admitted, shard_of};
 use crate::admission::{ShedCause, Verdict};
+use crate::allowance::Spend;
 use crate::clock::Clock;
 use crate::codec::{self, CodecSettings, Dedup, Reason};
 use crate::model::Priority;
@@ -45,7 +46,11 @@ pub struct Router<C: Clock> {
 #[derive(Clone, Copy)]
 enum Refusal {
     Invalid(Reason),
-    Shed { shard: usize },
+    /// `global`: refused by the shared allowance, not the shard's gate.
+    Shed {
+        shard: usize,
+        global: bool,
+    },
 }
 
 fn unix_ms() -> i64 {
@@ -130,9 +135,13 @@ impl<C: Clock> Router<C> {
                 metrics::counter!("geogate_events_invalid_total", "reason" => reason.as_str())
                     .increment(1);
             }
-            Refusal::Shed { shard } => {
+            Refusal::Shed { shard, global } => {
                 self.accounting.shed();
-                self.shards[shard].shed.increment(1);
+                let input = &self.shards[shard];
+                match (global, &input.shed_global) {
+                    (true, Some(counter)) => counter.increment(1),
+                    _ => input.shed.increment(1),
+                }
             }
         }
         metrics::counter!("geogate_dead_letter_written_total", "reason" => reason).increment(1);
@@ -217,7 +226,7 @@ impl<C: Clock> Router<C> {
             }
             Verdict::Shed(cause) => cause,
         };
-        let gate = shard.gate_name();
+        let mut gate = shard.gate_name();
         let (why, retry_after) = match cause {
             ShedCause::QueueFull => ("the queue was full".to_owned(), None),
             ShedCause::Gate {
@@ -226,6 +235,18 @@ impl<C: Clock> Router<C> {
             } => {
                 shard.level.set(shard.admission.level(now));
                 (format!("{reason:?}"), retry_after)
+            }
+            ShedCause::Global(spend) => {
+                gate = "global";
+                match spend {
+                    Spend::Exhausted { retry_after } => {
+                        ("the shared bucket is empty".to_owned(), retry_after)
+                    }
+                    _ => (
+                        "Redis is unreachable and fail_mode = closed".to_owned(),
+                        None,
+                    ),
+                }
             }
         };
         let mut record = DeadLetter::new(
@@ -239,7 +260,10 @@ impl<C: Clock> Router<C> {
         record.gate = Some(gate.to_owned());
         record.retry_after_ms = retry_after.map(|ns| ns as f64 / 1e6);
         self.refuse(
-            Refusal::Shed { shard: shard_index },
+            Refusal::Shed {
+                shard: shard_index,
+                global: matches!(cause, ShedCause::Global(_)),
+            },
             "shed",
             record,
             item.token,
