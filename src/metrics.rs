@@ -229,6 +229,46 @@ fn describe() {
         Unit::Count,
         "Worker batches per state transaction (group commit)."
     );
+    describe_counter!(
+        "geogate_global_allowance_taken_tokens_total",
+        Unit::Count,
+        "Tokens this instance took from the shared Redis bucket into its local reserve."
+    );
+    describe_counter!(
+        "geogate_global_allowance_spent_tokens_total",
+        Unit::Count,
+        "Tokens spent from the local reserve on low-priority events above the watermark."
+    );
+    describe_counter!(
+        "geogate_global_allowance_fail_open_admitted_total",
+        Unit::Count,
+        "Low-priority events admitted without payment while Redis was unreachable (fail_mode = open)."
+    );
+    describe_gauge!(
+        "geogate_global_allowance_reserve_tokens",
+        Unit::Count,
+        "Tokens held in this instance's local reserve (at most gate.global.reserve)."
+    );
+    describe_gauge!(
+        "geogate_global_allowance_connected",
+        Unit::Count,
+        "1 while Redis answers the allowance's calls, 0 during an outage."
+    );
+    describe_counter!(
+        "geogate_global_allowance_errors_total",
+        Unit::Count,
+        "Failed or timed-out calls to Redis for the allowance."
+    );
+    describe_gauge!(
+        "geogate_global_allowance_fail_mode_seconds",
+        Unit::Seconds,
+        "Seconds spent with Redis unreachable since start, labelled by fail_mode."
+    );
+    describe_histogram!(
+        "geogate_global_allowance_round_trip_seconds",
+        Unit::Seconds,
+        "One refill from the shared bucket: the script call's round trip."
+    );
     describe_gauge!(
         "geogate_state_store_bytes",
         Unit::Bytes,

@@ -152,6 +152,16 @@ fn dashboard_and_alerts_work_against_a_real_prometheus() {
             .unwrap();
         assert!(ok.success(), "promtool check rules");
     }
+    // The global allowance's panels need one: a small shared bucket, so
+    // both it and the shard gate refuse some of the burst.
+    let Some(redis) = support::redis::Redis::start() else {
+        return;
+    };
+    let gate = format!(
+        "kind = \"token\"\nrate = 0.001\nburst = 10\n[gate.global]\nurls = [\"{}\"]\n\
+         rate = 1\nburst = 5\nreserve = 2\nfail_mode = \"closed\"",
+        redis.url()
+    );
     let broker_port = support::free_port();
     let dir = tempfile::tempdir().unwrap();
     let setup = Setup {
@@ -159,7 +169,7 @@ fn dashboard_and_alerts_work_against_a_real_prometheus() {
         embedded: true,
         client_id: "geogate-prom",
         extra_pipeline: "queue_capacity = 40\nsustained_rate = 500",
-        gate: "kind = \"token\"\nrate = 0.001\nburst = 10",
+        gate: &gate,
         events_mqtt: false,
         extra_mqtt: "",
     };
@@ -216,7 +226,7 @@ fn dashboard_and_alerts_work_against_a_real_prometheus() {
         }
     }
     let alerts = alert_exprs();
-    assert_eq!(alerts.len(), 9);
+    assert_eq!(alerts.len(), 10);
     for expr in alerts {
         let v = query(prometheus.port, &expr);
         assert_eq!(v["status"], "success", "alert {expr}: {v}");
