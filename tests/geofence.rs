@@ -651,3 +651,71 @@ fn changed_vehicles_are_listed_for_the_store_and_restore_faithfully() {
     };
     assert_eq!(changed, vec![(v, Some(after_reload))]);
 }
+
+/// The probe a shared store is given names exactly the fences a linear
+/// scan finds: containing ones with their band flag, and near ones (not
+/// containing, inside the band). 2,000 random fences with a 200 m band,
+/// plus every point near the antimeridian where boxes wrap.
+#[test]
+fn probe_near_sets_agree_with_a_linear_scan() {
+    use geogate::geofence::EvaluatorSettings;
+    use geogate::geofence::probe::{ProbeScratch, probe, widest_band};
+    let (fences, area) = random_fences(17, 2_000, 0, 0);
+    let wrap = parse_fences(
+        &json!({"type": "FeatureCollection", "features": [
+            poly("east", json!([[[179.99, 10.0], [180.0, 10.0], [180.0, 10.01], [179.99, 10.01], [179.99, 10.0]]])),
+            {"type": "Feature", "id": "west", "properties": {"radius_m": 50},
+             "geometry": {"type": "Point", "coordinates": [-179.999, 10.005]}}
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let idx = FenceIndex::new(fences.into_iter().chain(wrap).collect());
+    let settings = EvaluatorSettings {
+        hysteresis_m: 200.0,
+        ..EvaluatorSettings::default()
+    };
+    let widest = widest_band(&idx, &settings);
+    assert_eq!(widest, 200.0);
+    let mut scratch = ProbeScratch::default();
+    let mut rng = SplitMix64::new(5);
+    let mut near_seen = 0;
+    let points = (0..5_000)
+        .map(|_| area.random_point(&mut rng))
+        .chain((0..500).map(|i| Coord {
+            x: if i % 2 == 0 {
+                179.995 + f64::from(i) * 1e-5
+            } else {
+                -179.9995 - f64::from(i) * 1e-6
+            },
+            y: 10.005,
+        }));
+    for p in points {
+        let got = probe(&idx, &settings, widest, p, &mut scratch);
+        let mut want_near = Vec::new();
+        let mut want_containing = Vec::new();
+        for fence in idx.fences() {
+            let clear = settings.clear_of_boundary(fence, p);
+            if fence.covers(p) {
+                want_containing.push((fence.id.clone(), clear));
+            } else if !clear {
+                want_near.push(fence.id.clone());
+            }
+        }
+        let got_containing: Vec<_> = got
+            .containing
+            .iter()
+            .map(|c| (c.id.clone(), c.clear))
+            .collect();
+        let mut got_near = got.near.clone();
+        got_near.sort();
+        want_near.sort();
+        let mut got_sorted = got_containing.clone();
+        got_sorted.sort();
+        want_containing.sort();
+        assert_eq!(got_sorted, want_containing, "containing at {p:?}");
+        assert_eq!(got_near, want_near, "near at {p:?}");
+        near_seen += got_near.len();
+    }
+    assert!(near_seen > 100, "points fell near fences: {near_seen}");
+}

@@ -21,6 +21,7 @@
 //! whose last fix is older than `idle_expiry` behind the newest fix seen is
 //! forgotten silently (counted): its next fix starts from no membership.
 
+use super::fences::Fence;
 use super::index::{FenceIdx, FenceIndex};
 use crate::model::{FenceId, VehicleId};
 use geo::Coord;
@@ -79,6 +80,25 @@ pub struct EvaluatorSettings {
     pub max_memberships: usize,
     /// Forget a vehicle this many ms of fix time after its last fix.
     pub idle_expiry_ms: i64,
+}
+
+impl EvaluatorSettings {
+    /// The fence's hysteresis in metres: its own, else the global one.
+    pub fn hysteresis_of(&self, fence: &Fence) -> f64 {
+        fence.hysteresis_m.unwrap_or(self.hysteresis_m)
+    }
+
+    /// The fence's dwell in milliseconds: its own, else the global one.
+    pub fn dwell_ms_of(&self, fence: &Fence) -> i64 {
+        (fence.dwell_s.unwrap_or(self.dwell_s) * 1000.0).round() as i64
+    }
+
+    /// Whether `p` is clear of the fence's hysteresis band: only then may
+    /// the fence be entered (from outside) or left (from inside).
+    pub fn clear_of_boundary(&self, fence: &Fence, p: Coord) -> bool {
+        let h = self.hysteresis_of(fence);
+        h <= 0.0 || !fence.boundary_within(p, h)
+    }
 }
 
 impl Default for EvaluatorSettings {
@@ -245,11 +265,7 @@ impl Evaluator {
         let stats = &mut self.stats;
         let covering = &mut self.covering;
         index.containing(p, covering);
-        let hysteresis = |f: FenceIdx| index.fence(f).hysteresis_m.unwrap_or(settings.hysteresis_m);
-        let clear_of_boundary = |f: FenceIdx| {
-            let h = hysteresis(f);
-            h <= 0.0 || !index.fence(f).boundary_within(p, h)
-        };
+        let clear_of_boundary = |f: FenceIdx| settings.clear_of_boundary(index.fence(f), p);
         let transition = |f: FenceIdx, event| Transition {
             vehicle: vehicle.clone(),
             fence: index.fence(f).id.clone(),
@@ -274,7 +290,7 @@ impl Evaluator {
                 continue;
             }
             let fence = index.fence(f);
-            let dwell_ms = (fence.dwell_s.unwrap_or(settings.dwell_s) * 1000.0).round() as i64;
+            let dwell_ms = settings.dwell_ms_of(fence);
             let since = state
                 .pending
                 .iter()

@@ -160,6 +160,41 @@ impl FenceIndex {
         }
     }
 
+    /// Appends to `out` (unsorted, possibly repeated) every fence with a
+    /// part whose envelope comes within `metres` of `p`: a superset of the
+    /// fences whose boundary is that close, for the caller to test exactly.
+    /// Boxes across ±180° are looked up on both sides.
+    pub fn near(&self, p: Coord<f64>, metres: f64, out: &mut Vec<FenceIdx>) {
+        // Degrees per metre, rounded so the box only ever grows: a degree
+        // of latitude is at least 110.5 km, of longitude that times cos φ.
+        let dlat = metres / 110_000.0;
+        let cos = p.y.to_radians().cos();
+        let dlon = if cos > 1e-6 {
+            (metres / (110_000.0 * cos)).min(360.0)
+        } else {
+            360.0
+        };
+        let mut boxes = vec![(p.x - dlon, p.x + dlon)];
+        if p.x + dlon > 180.0 {
+            boxes.push((-180.0, p.x + dlon - 360.0));
+        }
+        if p.x - dlon < -180.0 {
+            boxes.push((p.x - dlon + 360.0, 180.0));
+        }
+        for (west, east) in boxes {
+            let probe = AABB::from_corners(
+                [f32_down(west), f32_down(p.y - dlat)],
+                [f32_up(east), f32_up(p.y + dlat)],
+            );
+            for tree in [&self.tree, &self.large] {
+                out.extend(
+                    tree.locate_in_envelope_intersecting(&probe)
+                        .map(|e| e.data.0),
+                );
+            }
+        }
+    }
+
     /// The same answer as [`Self::containing`] by testing every fence: the
     /// reference the R-tree path is checked and benchmarked against.
     pub fn containing_linear(&self, p: Coord<f64>, out: &mut Vec<FenceIdx>) {

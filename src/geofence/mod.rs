@@ -10,6 +10,7 @@ pub mod fences;
 pub mod generate;
 mod grid;
 pub mod index;
+pub mod probe;
 pub mod ring;
 pub mod shape;
 

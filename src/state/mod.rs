@@ -9,7 +9,9 @@
 //! * [`publisher`]: and over MQTT, at least once;
 //! * [`stage`]: all of it started (and finished) as the pipeline needs;
 //! * [`events_file`]: where the events file's tail says the relay stopped;
-//! * [`crash_point`]: where tests stop the process to SIGKILL it.
+//! * [`crash_point`]: where tests stop the process to SIGKILL it;
+//! * [`shared`]: the membership rules as a Redis script, for state several
+//!   instances share (the rules and their facts; not yet a `[state]` backend).
 //!
 //! The seam is [`Store`]: a batch of vehicle records and outbox entries
 //! committed in one transaction, and everything committed read back at
@@ -24,6 +26,7 @@ pub mod outbox;
 pub mod publisher;
 pub mod record;
 pub mod relay;
+pub mod shared;
 pub mod stage;
 
 use crate::config::{StateBackend, StateConfig};

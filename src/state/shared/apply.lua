@@ -1,0 +1,103 @@
+-- Applies a batch of fixes of one partition to the vehicles' shared state,
+-- with the rules of geofence::Evaluator, and appends every transition to
+-- the partition's outbox stream, all in one atomic step.
+--
+-- KEYS[1]      the partition's outbox stream
+-- KEYS[1 + i]  the state key of fix i's vehicle (repeated for repeats)
+-- ARGV[1]      max memberships per vehicle
+-- ARGV[2]      idle expiry, ms (the state key's time to live)
+-- ARGV[3]      JSON: [[vehicle, fix ms, redelivered 0|1,
+--                      [[fence, clear 0|1, dwell ms], ...] (containing, index order),
+--                      [fence, ...] (near: not containing, inside the band)], ...]
+--
+-- State (JSON): {"t": last applied fix ms, "m": [member fences],
+--                "p": [[fence, first qualifying fix ms], ...]}
+-- Returns {outcomes, overflows}: one letter per fix, a(pplied),
+-- o(ut of order) or d(uplicate), and how many enters max memberships refused.
+local max_members = tonumber(ARGV[1])
+local ttl = ARGV[2]
+local fixes = cjson.decode(ARGV[3])
+local states = {}
+local order = {}
+local outcomes = {}
+local overflows = 0
+
+for i, fix in ipairs(fixes) do
+  local key = KEYS[i + 1]
+  local st = states[key]
+  if st == nil then
+    local raw = redis.call('GET', key)
+    if raw then
+      st = cjson.decode(raw)
+    else
+      st = {m = {}, p = {}}
+    end
+    states[key] = st
+    table.insert(order, key)
+  end
+  local vehicle, ts, redelivered = fix[1], fix[2], fix[3]
+  if st.t ~= nil and (ts == st.t or (redelivered == 1 and ts < st.t)) then
+    table.insert(outcomes, 'd')
+  elseif st.t ~= nil and ts < st.t then
+    table.insert(outcomes, 'o')
+  else
+    table.insert(outcomes, 'a')
+    st.t = ts
+    st.changed = true
+    local containing, clear = {}, {}
+    for _, f in ipairs(fix[4]) do
+      containing[f[1]] = true
+      clear[f[1]] = (f[2] == 1)
+    end
+    local near = {}
+    for _, id in ipairs(fix[5]) do
+      near[id] = true
+    end
+    -- Exits first: a member stays while it contains the point or the
+    -- point is inside its band.
+    local members, is_member = {}, {}
+    for _, m in ipairs(st.m) do
+      if containing[m] or near[m] then
+        table.insert(members, m)
+        is_member[m] = true
+      else
+        redis.call('XADD', KEYS[1], '*', 'v', vehicle, 'f', m, 'e', 'exit', 't', ts)
+      end
+    end
+    -- Then enters, with dwell bookkeeping.
+    local since_of = {}
+    for _, pd in ipairs(st.p) do
+      since_of[pd[1]] = pd[2]
+    end
+    local pending = {}
+    for _, f in ipairs(fix[4]) do
+      local id, dwell = f[1], f[3]
+      if not is_member[id] and clear[id] then
+        local since = since_of[id] or ts
+        if dwell > 0 and ts - since < dwell then
+          table.insert(pending, {id, since})
+        elseif #members >= max_members then
+          overflows = overflows + 1
+        else
+          table.insert(members, id)
+          is_member[id] = true
+          redis.call('XADD', KEYS[1], '*', 'v', vehicle, 'f', id, 'e', 'enter', 't', ts)
+        end
+      end
+    end
+    while #pending > max_members do
+      table.remove(pending)
+    end
+    st.m = members
+    st.p = pending
+  end
+end
+
+for _, key in ipairs(order) do
+  local st = states[key]
+  if st.changed then
+    st.changed = nil
+    redis.call('SET', key, cjson.encode(st), 'PX', ttl)
+  end
+end
+return {table.concat(outcomes), overflows}
