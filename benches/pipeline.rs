@@ -16,6 +16,7 @@ use geogate::codec::{CodecSettings, Dedup, decode};
 use geogate::config::{FsyncPolicy, PipelineConfig, StateBackend, StateConfig};
 use geogate::geofence::{EvaluatorSettings, FenceIndex, load_fences};
 use geogate::pipeline::accounting::Accounting;
+use geogate::pipeline::shard::worker::BatchSink;
 use geogate::pipeline::shard::{Router, ShardInput, WorkerContext, worker};
 use geogate::replay::capture;
 use geogate::sink::dead_letter::DeadLetterSink;
@@ -105,6 +106,7 @@ impl Pipeline {
             path: self.dir.path().join("state.sqlite"),
             fsync,
             reset: true,
+            ..StateConfig::default()
         }
     }
 
@@ -143,7 +145,7 @@ impl Pipeline {
             let ctx = WorkerContext {
                 shard,
                 fences: fences.clone(),
-                commits: stage.commits.clone(),
+                sink: BatchSink::Commit(stage.commits.clone()),
                 counters: Arc::new(ShardCounters::new(
                     shard,
                     accounting.clone(),

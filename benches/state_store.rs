@@ -149,6 +149,7 @@ fn stores(c: &mut Criterion) {
             path: dir.path().join(format!("{name}.sqlite")),
             fsync,
             reset: true,
+            ..StateConfig::default()
         };
         let (store, _) = EmbeddedStore::open(&config.path, &config).expect("sqlite");
         contenders.push((name, Box::new(store)));

@@ -309,6 +309,9 @@ pub enum StateBackend {
     Memory,
     /// A SQLite file at `path` (see `state::embedded`).
     Embedded,
+    /// Redis (a node or a Cluster) at `urls`, shared by every instance
+    /// (see `state::shared`).
+    Redis,
 }
 
 /// Where per-vehicle state and the outbox live (see `state`).
@@ -324,6 +327,19 @@ pub struct StateConfig {
     /// never read from the file, so a reset is always explicit.
     #[serde(skip)]
     pub reset: bool,
+    /// `redis`: one node, or a Cluster's seed nodes (then `cluster = true`).
+    pub urls: Vec<String>,
+    pub cluster: bool,
+    /// `redis`: instances with the same prefix share the vehicles' state.
+    pub prefix: String,
+    /// `redis`: vehicles are spread over this many outbox streams; every
+    /// instance must use the same number (checked at start).
+    pub partitions: u32,
+    /// `redis`: another instance's undelivered transitions are taken over
+    /// after it has been silent this long.
+    pub claim_idle_s: f64,
+    /// `redis`: for each connect and each reply, in milliseconds.
+    pub timeout_ms: u64,
 }
 
 impl Default for StateConfig {
@@ -333,6 +349,12 @@ impl Default for StateConfig {
             path: "geogate-state.sqlite".into(),
             fsync: FsyncPolicy::Flush,
             reset: false,
+            urls: Vec::new(),
+            cluster: false,
+            prefix: "geogate".into(),
+            partitions: 16,
+            claim_idle_s: 30.0,
+            timeout_ms: 1000,
         }
     }
 }
@@ -424,32 +446,37 @@ pub enum ConfigError {
     Invalid(Vec<ConfigProblem>),
 }
 
+/// `urls` and `cluster` of a Redis section, reported under `section`.
+fn check_redis_urls(
+    section: &str,
+    urls: &[String],
+    cluster: bool,
+    problem: &mut impl FnMut(&str, String),
+) {
+    let field = format!("{section}.urls");
+    if urls.is_empty() {
+        problem(&field, "name at least one redis://host:port".into());
+    }
+    for url in urls {
+        if redis::parse_redis_url(url).is_none() {
+            problem(&field, format!("{url:?} is not a redis://host:port URL"));
+        }
+    }
+    if urls.len() > 1 && !cluster {
+        problem(
+            &format!("{section}.cluster"),
+            format!(
+                "{} urls given: several seed nodes mean a Cluster, so set cluster = true (a single node takes one url)",
+                urls.len()
+            ),
+        );
+    }
+}
+
 impl GlobalAllowanceConfig {
     /// Reports each problem under `gate.global.<field>`.
     fn check(&self, problem: &mut impl FnMut(&str, String)) {
-        if self.urls.is_empty() {
-            problem(
-                "gate.global.urls",
-                "name at least one redis://host:port".into(),
-            );
-        }
-        for url in &self.urls {
-            if redis::parse_redis_url(url).is_none() {
-                problem(
-                    "gate.global.urls",
-                    format!("{url:?} is not a redis://host:port URL"),
-                );
-            }
-        }
-        if self.urls.len() > 1 && !self.cluster {
-            problem(
-                "gate.global.cluster",
-                format!(
-                    "{} urls given: several seed nodes mean a Cluster, so set cluster = true (a single node takes one url)",
-                    self.urls.len()
-                ),
-            );
-        }
+        check_redis_urls("gate.global", &self.urls, self.cluster, problem);
         if self.key.is_empty() {
             problem("gate.global.key", "must not be empty".into());
         }
@@ -640,6 +667,40 @@ impl Config {
         }
         if let Err(e) = self.demo.gate.build() {
             problem("demo.gate", e.to_string());
+        }
+        if self.state.backend == StateBackend::Redis {
+            check_redis_urls("state", &self.state.urls, self.state.cluster, &mut problem);
+            if self.state.prefix.is_empty() || self.state.prefix.contains(['{', '}']) {
+                problem(
+                    "state.prefix",
+                    "must be non-empty, without { or } (they mark Redis hash tags)".into(),
+                );
+            }
+            if self.state.partitions == 0 {
+                problem("state.partitions", "must be ≥ 1".into());
+            }
+            if !(self.state.claim_idle_s.is_finite() && self.state.claim_idle_s > 0.0) {
+                problem(
+                    "state.claim_idle_s",
+                    "must be a number > 0 (seconds)".into(),
+                );
+            }
+            if self.state.timeout_ms == 0 {
+                problem("state.timeout_ms", "must be ≥ 1".into());
+            }
+            if self.events.path.is_none() {
+                problem(
+                    "events.path",
+                    "the redis backend delivers transitions to this instance's events file; name one".into(),
+                );
+            }
+            if self.events.mqtt {
+                problem(
+                    "events.mqtt",
+                    "not yet available with the redis backend: transitions go to the events file"
+                        .into(),
+                );
+            }
         }
         if self.state.backend == StateBackend::Embedded {
             let path = &self.state.path;

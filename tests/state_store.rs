@@ -30,7 +30,7 @@ fn a_million_vehicles_take_at_most_300_bytes_each_and_read_back_intact() {
         backend: StateBackend::Embedded,
         path: dir.path().join("state.sqlite"),
         fsync: FsyncPolicy::Flush,
-        reset: false,
+        ..StateConfig::default()
     };
     let (mut store, recovered) = EmbeddedStore::open(&config.path, &config).unwrap();
     assert!(recovered.created && recovered.vehicles.is_empty());

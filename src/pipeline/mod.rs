@@ -15,17 +15,19 @@ use crate::admission::{Admission, AdmissionPolicy, GateKind};
 use crate::allowance::{GlobalAllowance, RedisTarget, SharedBucket};
 use crate::clock::MonotonicClock;
 use crate::codec::Dedup;
-use crate::config::Config;
-use crate::geofence::{EvaluatorSettings, FenceErrors, FenceIndex, load_fences};
+use crate::config::{Config, StateBackend};
+use crate::geofence::{Evaluator, EvaluatorSettings, FenceErrors, FenceIndex, load_fences};
 use crate::sink::dead_letter::{DeadLetterSink, Recovery};
 use crate::source::Completions;
 use crate::source::mqtt::{self, Acker, IntakeControl, LiveConnection, poll::PollTask};
 use crate::state::StateError;
 use crate::state::commit::ShardCounters;
+use crate::state::shared::SharedStage;
 use crate::state::stage::StateStage;
 use accounting::{Accounting, Balance};
 use rumqttc::AsyncClient;
 use shard::input::shaper_lane;
+use shard::worker::BatchSink;
 use shard::{DeadLetterMirror, Router, ShardInput, WorkerContext};
 use std::future::Future;
 use std::sync::Arc;
@@ -130,6 +132,14 @@ async fn drive_output(mut eventloop: rumqttc::EventLoop) {
 
 /// Runs the pipeline until `shutdown` resolves; returns the final balance.
 /// `on_ready` receives the fence reloader and a view once everything runs.
+/// Where vehicle state lives for this run.
+enum Stage {
+    /// In this process (embedded or memory backend).
+    Local(StateStage),
+    /// In Redis, shared with other instances.
+    Shared(SharedStage),
+}
+
 pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()>,
@@ -186,13 +196,31 @@ pub async fn run(
     } else {
         None
     };
-    let mut stage = StateStage::start(
-        &config.state,
-        config.events.path.as_deref(),
-        events_connection,
-        config.pipeline.shard_count(),
-        deadline_rx.clone(),
-    )?;
+    let settings = EvaluatorSettings {
+        hysteresis_m: config.fences.hysteresis_m,
+        dwell_s: config.fences.dwell_s,
+        max_memberships: config.fences.max_memberships,
+        idle_expiry_ms: (config.fences.idle_expiry_s * 1000.0) as i64,
+    };
+    let mut stage = match (config.state.backend, config.events.path.as_deref()) {
+        (StateBackend::Redis, Some(events)) => Stage::Shared(
+            SharedStage::start(
+                &config.state,
+                &settings,
+                events,
+                &config.mqtt.client_id,
+                deadline_rx.clone(),
+            )
+            .await?,
+        ),
+        _ => Stage::Local(StateStage::start(
+            &config.state,
+            config.events.path.as_deref(),
+            events_connection,
+            config.pipeline.shard_count(),
+            deadline_rx.clone(),
+        )?),
+    };
 
     // Intake connection.
     let max_unacked = config.mqtt.max_unacked;
@@ -212,12 +240,6 @@ pub async fn run(
     let capacity = config.pipeline.queue_capacity;
     let policy = AdmissionPolicy::new(config.pipeline.watermark, capacity)
         .map_err(|e| PipelineError::Config(e.to_string()))?;
-    let settings = EvaluatorSettings {
-        hysteresis_m: config.fences.hysteresis_m,
-        dwell_s: config.fences.dwell_s,
-        max_memberships: config.fences.max_memberships,
-        idle_expiry_ms: (config.fences.idle_expiry_s * 1000.0) as i64,
-    };
     let clock = MonotonicClock::new();
     // The global allowance's refiller runs beside the router, which never
     // waits on Redis: it spends from the reserve the refiller fills.
@@ -255,11 +277,21 @@ pub async fn run(
             lane_tx
         });
         inputs.push(ShardInput::new(shard, tx, admission, lane));
-        let evaluator = stage.evaluator(shard, fence_rx.borrow().clone(), settings);
+        let index = fence_rx.borrow().clone();
+        let (evaluator, sink) = match &mut stage {
+            Stage::Local(local) => (
+                local.evaluator(shard, index, settings),
+                BatchSink::Commit(local.commits.clone()),
+            ),
+            Stage::Shared(shared) => (
+                Evaluator::new(index.clone(), settings),
+                BatchSink::Shared(shared.applier(index, settings)),
+            ),
+        };
         let ctx = WorkerContext {
             shard,
             fences: fence_rx.clone(),
-            commits: stage.commits.clone(),
+            sink,
             counters: Arc::new(ShardCounters::new(
                 shard,
                 accounting.clone(),
@@ -310,7 +342,12 @@ pub async fn run(
     let deadline = Instant::now() + Duration::from_secs_f64(config.pipeline.drain_deadline_s);
     let _ = deadline_tx.send(Some(deadline));
     let mut dead_letter = router.await.ok();
-    let state_finished = stage.finish();
+    // The local committer ends once the workers drop their senders; the
+    // shared stage is asked to finish only after the workers are done.
+    let state_finished: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = match stage {
+        Stage::Local(local) => Box::pin(local.finish()),
+        Stage::Shared(shared) => Box::pin(shared.finish()),
+    };
     for w in workers {
         let _ = w.await;
     }

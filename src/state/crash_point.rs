@@ -12,7 +12,10 @@
 //! (committed, nothing acked or written out), `relay.mid_line` (half a
 //! line in the events file), `relay.before_cursor` (lines written, the
 //! cursor not yet moved), `relay.before_mqtt_cursor` (published, the MQTT
-//! cursor not yet moved).
+//! cursor not yet moved). With the redis backend: `shared.applied` (a
+//! batch applied in Redis, its messages not acked), `outbox.read` (entries
+//! taken from a stream, not yet written), `outbox.written` (lines written,
+//! the entries not yet acked).
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -70,6 +70,36 @@ pub fn read(path: &Path) -> io::Result<Tail> {
     })
 }
 
+/// The `id`s on the last `n` complete lines of `path` (a missing file has
+/// none): what a consumer that may have written a transition just before a
+/// crash checks before writing it again.
+pub fn recent_ids(path: &Path, n: usize) -> io::Result<std::collections::HashSet<String>> {
+    let mut ids = std::collections::HashSet::new();
+    let mut file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(ids),
+        Err(e) => return Err(e),
+    };
+    let len = file.metadata()?.len();
+    let mut line_end = last_newline(&mut file, len)?;
+    for _ in 0..n {
+        let Some(end) = line_end else { break };
+        let start = last_newline(&mut file, end)?;
+        let from = start.map_or(0, |s| s + 1);
+        let mut line = vec![0; (end - from) as usize];
+        file.seek(SeekFrom::Start(from))?;
+        file.read_exact(&mut line)?;
+        if let Some(id) = serde_json::from_slice::<serde_json::Value>(&line)
+            .ok()
+            .and_then(|v| v.get("id").and_then(|id| id.as_str().map(str::to_owned)))
+        {
+            ids.insert(id);
+        }
+        line_end = start;
+    }
+    Ok(ids)
+}
+
 /// Cuts off the torn last line [`read`] found. Only the process holding
 /// the state file's lock may call it: the file is that process's.
 pub fn cut_torn(path: &Path, tail: &Tail) -> io::Result<()> {

@@ -84,6 +84,12 @@ pub enum StateError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// The redis backend (see [`shared`]): unreachable at start, or
+    /// configured unlike the instances already using it.
+    #[error("shared state: {0}")]
+    Shared(String),
+    #[error("the redis backend has no local store to open")]
+    NotLocal,
 }
 
 /// One vehicle's new state, encoded by [`record::encode`]; `None` deletes
@@ -182,6 +188,7 @@ pub fn open(config: &StateConfig, events: Option<&Path>) -> Result<Opened, State
             },
             file_seq,
         },
+        StateBackend::Redis => return Err(StateError::NotLocal),
         StateBackend::Embedded => {
             let path = &config.path;
             if !config.reset

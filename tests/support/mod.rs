@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod browser;
+pub mod fleet;
 pub mod geogate;
 pub mod proxy;
 pub mod redis;

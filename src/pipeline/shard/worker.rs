@@ -3,6 +3,10 @@
 //! its messages) to the committer. Nothing is acked here: a message is
 //! finished only once its batch is committed and its transitions are in
 //! the events file (see `state::commit`).
+//!
+//! With the redis backend the worker keeps no vehicle state: it probes each
+//! fix against its fences and the batch is applied in Redis
+//! (`state::shared`); its messages are finished once Redis has it.
 
 use super::Admitted;
 use crate::geofence::{Evaluator, FenceIndex, FixOutcome, TransitionKind, VehicleSnapshot};
@@ -10,6 +14,7 @@ use crate::model::VehicleId;
 use crate::sink::health::wait_deadline;
 use crate::state::commit::{CommitRequest, Finished, ShardCounters};
 use crate::state::record;
+use crate::state::shared::SharedApplier;
 use metrics::Histogram;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,7 +28,7 @@ pub struct WorkerContext {
     pub shard: usize,
     pub fences: watch::Receiver<Arc<FenceIndex>>,
     /// Where batches go to be committed and finished.
-    pub commits: mpsc::Sender<CommitRequest>,
+    pub sink: BatchSink,
     pub counters: Arc<ShardCounters>,
     /// Evaluations per second cap; 0 = none.
     pub sustained_rate: f64,
@@ -31,6 +36,14 @@ pub struct WorkerContext {
     pub deadline: watch::Receiver<Option<Instant>>,
     /// Label transitions by fence id (opt-in).
     pub per_fence_labels: bool,
+}
+
+/// Where a worker's batches go.
+pub enum BatchSink {
+    /// The local store's committer (embedded or memory backend).
+    Commit(mpsc::Sender<CommitRequest>),
+    /// Redis, shared with other instances.
+    Shared(SharedApplier),
 }
 
 /// Drains one shard into its evaluator until the queue closes or the drain
@@ -81,6 +94,9 @@ pub async fn worker(
             }
             if ctx.fences.has_changed().unwrap_or(false) {
                 let index = ctx.fences.borrow_and_update().clone();
+                if let BatchSink::Shared(applier) = &mut ctx.sink {
+                    applier.swap_index(index.clone());
+                }
                 evaluator.swap_index(index);
             }
             if let Some(pace) = pace {
@@ -89,6 +105,17 @@ pub async fn worker(
                     tokio::time::sleep(next_slot - now).await;
                 }
                 next_slot = next_slot.max(now) + pace;
+            }
+            if let BatchSink::Shared(applier) = &mut ctx.sink {
+                applier.add(
+                    &item.vehicle,
+                    item.fix_ms,
+                    item.lat,
+                    item.lon,
+                    item.redelivered,
+                );
+                finished.messages.push((item.token, item.received_at));
+                continue;
             }
             let started = Instant::now();
             let before = transitions.len();
@@ -114,6 +141,24 @@ pub async fn worker(
             }
             finished.messages.push((item.token, item.received_at));
         }
+        if let BatchSink::Shared(applier) = &mut ctx.sink {
+            let Some(counts) = applier.apply(&ctx.deadline).await else {
+                // Past the drain deadline: the batch stays unacked.
+                break 'batches;
+            };
+            finished.evaluated = counts.evaluated;
+            finished.out_of_order = counts.out_of_order;
+            finished.duplicates = counts.duplicates;
+            finished.transitions = counts.enters + counts.exits;
+            transitions_metric[TransitionKind::Enter as usize].increment(counts.enters);
+            transitions_metric[TransitionKind::Exit as usize].increment(counts.exits);
+            overflow.increment(counts.overflows);
+            finished.complete();
+            if past_deadline {
+                break 'batches;
+            }
+            continue 'batches;
+        }
         finished.transitions = transitions.len() as u64;
         let overflowed = evaluator.stats().membership_overflow;
         if overflowed > overflow_seen {
@@ -137,7 +182,10 @@ pub async fn worker(
             transitions,
             finished,
         };
-        if ctx.commits.send(request).await.is_err() || past_deadline {
+        let BatchSink::Commit(commits) = &ctx.sink else {
+            break 'batches;
+        };
+        if commits.send(request).await.is_err() || past_deadline {
             break 'batches;
         }
     }

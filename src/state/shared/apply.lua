@@ -12,8 +12,9 @@
 --
 -- State (JSON): {"t": last applied fix ms, "m": [member fences],
 --                "p": [[fence, first qualifying fix ms], ...]}
--- Returns {outcomes, overflows}: one letter per fix, a(pplied),
--- o(ut of order) or d(uplicate), and how many enters max memberships refused.
+-- Returns {outcomes, overflows, enters, exits}: one letter per fix,
+-- a(pplied), o(ut of order) or d(uplicate); how many enters max memberships
+-- refused; how many enters and exits were appended to the outbox.
 local max_members = tonumber(ARGV[1])
 local ttl = ARGV[2]
 local fixes = cjson.decode(ARGV[3])
@@ -21,6 +22,7 @@ local states = {}
 local order = {}
 local outcomes = {}
 local overflows = 0
+local enters, exits = 0, 0
 
 for i, fix in ipairs(fixes) do
   local key = KEYS[i + 1]
@@ -62,6 +64,7 @@ for i, fix in ipairs(fixes) do
         is_member[m] = true
       else
         redis.call('XADD', KEYS[1], '*', 'v', vehicle, 'f', m, 'e', 'exit', 't', ts)
+        exits = exits + 1
       end
     end
     -- Then enters, with dwell bookkeeping.
@@ -82,6 +85,7 @@ for i, fix in ipairs(fixes) do
           table.insert(members, id)
           is_member[id] = true
           redis.call('XADD', KEYS[1], '*', 'v', vehicle, 'f', id, 'e', 'enter', 't', ts)
+          enters = enters + 1
         end
       end
     end
@@ -100,4 +104,4 @@ for _, key in ipairs(order) do
     redis.call('SET', key, cjson.encode(st), 'PX', ttl)
   end
 end
-return {table.concat(outcomes), overflows}
+return {table.concat(outcomes), overflows, enters, exits}

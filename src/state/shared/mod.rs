@@ -10,9 +10,14 @@
 //! vehicle's state and its partition's outbox stream live in one Cluster
 //! slot and one script can touch both.
 
+mod applier;
+mod consumer;
 mod script;
+mod stage;
 
+pub use applier::{BatchCounts, SharedApplier};
 pub use script::{Applied, SharedRules, SharedStateError};
+pub use stage::SharedStage;
 
 use crate::geofence::probe::FenceProbe;
 use crate::model::VehicleId;
@@ -45,6 +50,11 @@ impl SharedKeys {
     /// The partition's outbox stream.
     pub fn outbox(&self, partition: u32) -> String {
         format!("{{{}:{partition}}}:outbox", self.prefix)
+    }
+
+    /// Settings every instance must share.
+    pub fn meta(&self, name: &str) -> String {
+        format!("{}:meta:{name}", self.prefix)
     }
 
     /// A vehicle's state, in its partition's slot.

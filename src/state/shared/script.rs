@@ -12,6 +12,9 @@ pub struct Applied {
     pub outcomes: Vec<FixOutcome>,
     /// Enters refused by `max_memberships`.
     pub overflows: u64,
+    /// Transitions appended to the outbox.
+    pub enters: u64,
+    pub exits: u64,
 }
 
 /// The membership rules as a Redis script, with the settings it needs.
@@ -30,6 +33,14 @@ pub enum SharedStateError {
     Redis(#[from] redis::RedisError),
     #[error("the rules script answered {0:?}")]
     Reply(String),
+    #[error(
+        "{key} says {recorded:?} partitions, this instance is configured with {ours}: every instance sharing a prefix must use the same [state] partitions"
+    )]
+    Partitions {
+        key: String,
+        recorded: Option<u32>,
+        ours: u32,
+    },
     #[error("vehicle state {key}: {message}")]
     Record { key: String, message: String },
 }
@@ -91,7 +102,7 @@ impl SharedRules {
         }
         let facts =
             serde_json::to_string(fixes).map_err(|e| SharedStateError::Reply(e.to_string()))?;
-        let (letters, overflows): (String, u64) = call
+        let (letters, overflows, enters, exits): (String, u64, u64, u64) = call
             .arg(self.max_memberships)
             .arg(self.idle_expiry_ms.max(1))
             .arg(facts)
@@ -112,7 +123,34 @@ impl SharedRules {
         Ok(Applied {
             outcomes,
             overflows,
+            enters,
+            exits,
         })
+    }
+
+    /// Records this instance's partition count, or checks it against the
+    /// one already recorded: instances that disagree would look for a
+    /// vehicle's state in different places.
+    pub async fn agree_on_partitions(
+        &self,
+        conn: &mut impl redis::aio::ConnectionLike,
+    ) -> Result<(), SharedStateError> {
+        let key = self.keys.meta("partitions");
+        let _: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg(self.partitions)
+            .arg("NX")
+            .query_async(conn)
+            .await?;
+        let recorded: Option<u32> = redis::cmd("GET").arg(&key).query_async(conn).await?;
+        match recorded {
+            Some(n) if n == self.partitions => Ok(()),
+            other => Err(SharedStateError::Partitions {
+                key,
+                recorded: other,
+                ours: self.partitions,
+            }),
+        }
     }
 
     /// A vehicle's stored state (`None`: never seen, or expired).

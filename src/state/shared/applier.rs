@@ -1,0 +1,162 @@
+//! One worker's side of the shared state: probes each fix against the
+//! local fences, then applies the batch in Redis, one script call per
+//! partition, all partitions at once. The batch's messages are finished
+//! (acked) only after every call succeeded; a failing Redis is retried with
+//! backoff until the drain deadline, holding the messages unacked.
+
+use super::{FixFacts, SharedRules};
+use crate::backoff::Backoff;
+use crate::geofence::probe::{ProbeScratch, probe, widest_band};
+use crate::geofence::{EvaluatorSettings, FenceIndex, FixOutcome};
+use crate::model::VehicleId;
+use crate::redis_link::RedisLink;
+use geo::Coord;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::watch;
+
+/// What one batch came to.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct BatchCounts {
+    pub evaluated: u64,
+    pub out_of_order: u64,
+    pub duplicates: u64,
+    pub overflows: u64,
+    pub enters: u64,
+    pub exits: u64,
+}
+
+pub struct SharedApplier {
+    rules: Arc<SharedRules>,
+    link: RedisLink,
+    index: Arc<FenceIndex>,
+    settings: EvaluatorSettings,
+    widest: f64,
+    scratch: ProbeScratch,
+    batch: Vec<FixFacts>,
+    backoff: Backoff,
+    errors: metrics::Counter,
+    round_trip: metrics::Histogram,
+}
+
+impl SharedApplier {
+    pub fn new(
+        rules: Arc<SharedRules>,
+        link: RedisLink,
+        index: Arc<FenceIndex>,
+        settings: EvaluatorSettings,
+    ) -> Self {
+        Self {
+            widest: widest_band(&index, &settings),
+            rules,
+            link,
+            index,
+            settings,
+            scratch: ProbeScratch::default(),
+            batch: Vec::new(),
+            backoff: Backoff::new(),
+            errors: metrics::counter!("geogate_state_redis_errors_total"),
+            round_trip: metrics::histogram!("geogate_state_commit_duration_seconds"),
+        }
+    }
+
+    /// A reloaded fence set applies from the next fix on.
+    pub fn swap_index(&mut self, index: Arc<FenceIndex>) {
+        self.widest = widest_band(&index, &self.settings);
+        self.index = index;
+    }
+
+    /// Probes one fix and adds it to the batch.
+    pub fn add(&mut self, vehicle: &VehicleId, fix_ms: i64, lat: f64, lon: f64, redelivered: bool) {
+        let facts = FixFacts {
+            vehicle: vehicle.clone(),
+            fix_ms,
+            redelivered,
+            probe: probe(
+                &self.index,
+                &self.settings,
+                self.widest,
+                Coord { x: lon, y: lat },
+                &mut self.scratch,
+            ),
+        };
+        self.batch.push(facts);
+    }
+
+    /// Applies the batch; `None` if the drain deadline passed first (the
+    /// batch's messages then stay unacked, for redelivery).
+    pub async fn apply(
+        &mut self,
+        deadline: &watch::Receiver<Option<Instant>>,
+    ) -> Option<BatchCounts> {
+        let mut groups: BTreeMap<u32, Vec<FixFacts>> = BTreeMap::new();
+        for fix in self.batch.drain(..) {
+            groups
+                .entry(self.rules.partition_of(&fix.vehicle))
+                .or_default()
+                .push(fix);
+        }
+        let mut pending: Vec<(u32, Vec<FixFacts>)> = groups.into_iter().collect();
+        let mut counts = BatchCounts::default();
+        let started = Instant::now();
+        loop {
+            let mut calls = tokio::task::JoinSet::new();
+            for (partition, fixes) in std::mem::take(&mut pending) {
+                let rules = self.rules.clone();
+                let mut link = self.link.clone();
+                calls.spawn(async move {
+                    let result = rules.apply(&mut link, partition, &fixes).await;
+                    (partition, fixes, result)
+                });
+            }
+            let mut failure = None;
+            while let Some(joined) = calls.join_next().await {
+                let (partition, fixes, result) = match joined {
+                    Ok(done) => done,
+                    Err(e) => {
+                        // A panicked call cannot be retried: its fixes are
+                        // gone. Not expected; the batch is given up.
+                        tracing::error!("shared state call failed: {e}");
+                        return None;
+                    }
+                };
+                match result {
+                    Ok(applied) => {
+                        counts.overflows += applied.overflows;
+                        counts.enters += applied.enters;
+                        counts.exits += applied.exits;
+                        for outcome in applied.outcomes {
+                            match outcome {
+                                FixOutcome::Applied => counts.evaluated += 1,
+                                FixOutcome::OutOfOrder => counts.out_of_order += 1,
+                                FixOutcome::Duplicate => counts.duplicates += 1,
+                            }
+                        }
+                    }
+                    // Only what failed is sent again: a partition applied
+                    // twice would count its fixes as duplicates.
+                    Err(e) => {
+                        failure = Some(e.to_string());
+                        pending.push((partition, fixes));
+                    }
+                }
+            }
+            let Some(error) = failure else {
+                self.round_trip.record(started.elapsed().as_secs_f64());
+                self.backoff.reset();
+                crate::state::crash_point::reached("shared.applied");
+                return Some(counts);
+            };
+            self.errors.increment(1);
+            tracing::warn!("shared state: {error}; the batch stays unacked and is retried");
+            let wait = self.backoff.step();
+            if let Some(d) = *deadline.borrow()
+                && Instant::now() + wait >= d
+            {
+                return None;
+            }
+            tokio::time::sleep(wait).await;
+        }
+    }
+}

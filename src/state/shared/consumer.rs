@@ -1,0 +1,303 @@
+//! Delivers the partitions' outbox streams to this instance's events file.
+//!
+//! Every instance reads every partition through one consumer group, so the
+//! broker-like stream hands each transition to one instance: `XREADGROUP`
+//! moves it into that instance's pending list, the line is written (and
+//! synced as `[state] fsync` says), then `XACK` removes it. A crash between
+//! the write and the ack leaves it pending for the same consumer name: at
+//! start the instance reads its own pending entries first and skips those
+//! whose `id` its file already ends with. An instance that stays away
+//! longer than `claim_idle_s` has its pending entries claimed
+//! (`XAUTOCLAIM`) by a live one, which writes them.
+//!
+//! Streams are trimmed to the oldest entry the group still needs.
+
+use super::SharedKeys;
+use crate::backoff::Backoff;
+use crate::config::FsyncPolicy;
+use crate::geofence::{Transition, TransitionKind};
+use crate::redis_link::RedisLink;
+use crate::sink::append_file::AppendFile;
+use crate::sink::health::{SinkHealth, retry_until};
+use crate::state::outbox::{OutboxEntry, transition_id};
+use redis::AsyncCommands;
+use redis::streams::{StreamAutoClaimOptions, StreamId, StreamReadOptions, StreamReadReply};
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// The consumer group every instance reads through.
+pub const GROUP: &str = "geogate";
+
+/// Entries read per partition per call.
+const READ_COUNT: usize = 256;
+/// Lines of the events file checked for ids at start: more than one
+/// read's worth for every partition.
+pub const RECENT_LINES: usize = 8192;
+/// Pause when every partition was empty.
+const IDLE_POLL: Duration = Duration::from_millis(20);
+/// How often abandoned entries are looked for and streams trimmed.
+const HOUSEKEEPING: Duration = Duration::from_secs(2);
+
+pub struct OutboxConsumer {
+    pub link: RedisLink,
+    pub keys: SharedKeys,
+    pub partitions: u32,
+    /// This instance's consumer name (its MQTT client id).
+    pub me: String,
+    pub file: AppendFile,
+    pub fsync: FsyncPolicy,
+    /// Seq for the next line.
+    pub next_seq: u64,
+    /// Ids on the file's last lines, checked against this consumer's own
+    /// pending entries once, at start.
+    pub recent: HashSet<String>,
+    pub claim_idle: Duration,
+    /// Entries written to the file whose ack has not gone through yet.
+    pub unacked: Vec<(u32, String)>,
+}
+
+impl OutboxConsumer {
+    /// Runs until `stop` turns true and a pass finds nothing more to
+    /// deliver, or the drain deadline passes.
+    pub async fn run(
+        mut self,
+        mut stop: watch::Receiver<bool>,
+        mut deadline: watch::Receiver<Option<Instant>>,
+    ) {
+        let path = self.file.path().to_owned();
+        let health = SinkHealth::new("events", &path, "its transitions stay in the outbox");
+        let errors = metrics::counter!("geogate_state_redis_errors_total");
+        let delivered = metrics::counter!("geogate_outbox_delivered_total");
+        let claimed = metrics::counter!("geogate_outbox_claimed_total");
+        let mut backoff = Backoff::new();
+        // Own pending entries first (id 0), then new ones (>).
+        let mut reading_own = vec![true; self.partitions as usize];
+        let mut housekeeping = Instant::now();
+        loop {
+            let stopping = *stop.borrow();
+            if deadline.borrow().is_some_and(|d| Instant::now() >= d) {
+                return;
+            }
+            let mut moved = 0usize;
+            let mut failed = self.ack_written().await.err();
+            for p in 0..self.partitions {
+                let own = reading_own[p as usize];
+                match self.read(p, if own { "0" } else { ">" }).await {
+                    Ok(entries) => {
+                        if own && entries.is_empty() {
+                            reading_own[p as usize] = false;
+                        }
+                        match self.deliver(p, &entries, &health, &mut deadline).await {
+                            Ok(n) => {
+                                moved += entries.len();
+                                delivered.increment(n);
+                            }
+                            Err(e) => failed = Some(e),
+                        }
+                    }
+                    Err(e) => failed = Some(e),
+                }
+            }
+            if housekeeping.elapsed() >= HOUSEKEEPING {
+                housekeeping = Instant::now();
+                for p in 0..self.partitions {
+                    match self.claim(p).await {
+                        Ok(entries) if !entries.is_empty() => {
+                            claimed.increment(entries.len() as u64);
+                            match self.deliver(p, &entries, &health, &mut deadline).await {
+                                Ok(n) => delivered.increment(n),
+                                Err(e) => failed = Some(e),
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => failed = Some(e),
+                    }
+                    if let Err(e) = self.trim(p).await {
+                        failed = Some(e);
+                    }
+                }
+            }
+            if let Some(e) = failed {
+                errors.increment(1);
+                tracing::warn!("outbox: {e}; retrying");
+                tokio::time::sleep(backoff.step()).await;
+                continue;
+            }
+            backoff.reset();
+            if moved == 0 {
+                if stopping {
+                    return;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(IDLE_POLL) => {}
+                    _ = stop.changed() => {}
+                }
+            }
+        }
+    }
+
+    async fn read(&mut self, p: u32, from: &str) -> Result<Vec<StreamId>, String> {
+        let options = StreamReadOptions::default()
+            .group(GROUP, &self.me)
+            .count(READ_COUNT);
+        let reply: Option<StreamReadReply> = self
+            .link
+            .xread_options(&[self.keys.outbox(p)], &[from], &options)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(reply
+            .map(|r| r.keys.into_iter().flat_map(|k| k.ids).collect())
+            .unwrap_or_default())
+    }
+
+    async fn claim(&mut self, p: u32) -> Result<Vec<StreamId>, String> {
+        let reply: redis::streams::StreamAutoClaimReply = self
+            .link
+            .xautoclaim_options(
+                self.keys.outbox(p),
+                GROUP,
+                &self.me,
+                self.claim_idle.as_millis() as u64,
+                "0-0",
+                StreamAutoClaimOptions::default().count(READ_COUNT),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(reply.claimed)
+    }
+
+    /// Writes `entries` (skipping any the file already ends with), then
+    /// acks them all. Returns how many lines were written.
+    async fn deliver(
+        &mut self,
+        p: u32,
+        entries: &[StreamId],
+        health: &SinkHealth,
+        deadline: &mut watch::Receiver<Option<Instant>>,
+    ) -> Result<u64, String> {
+        if entries.is_empty() {
+            return Ok(0);
+        }
+        crate::state::crash_point::reached("outbox.read");
+        let mut written = 0;
+        for entry in entries {
+            let Some(t) = transition_of(entry) else {
+                tracing::error!(
+                    "outbox {}: entry {} is not a transition; acked and skipped",
+                    self.keys.outbox(p),
+                    entry.id
+                );
+                continue;
+            };
+            if self.recent.remove(&transition_id(&t)) {
+                continue;
+            }
+            let mut line = OutboxEntry::new(self.next_seq, &t).line;
+            line.push(b'\n');
+            self.file.queue(&line);
+            self.next_seq += 1;
+            written += 1;
+        }
+        let fsync = self.fsync;
+        let file = &mut self.file;
+        let mut write = || {
+            file.write_unwritten()?;
+            match fsync {
+                FsyncPolicy::Always => file.sync_data(),
+                _ => Ok(()),
+            }
+        };
+        if let Err(first) = write()
+            && !retry_until(health, deadline, first, write).await
+        {
+            // Past the deadline: the entries stay pending for this
+            // consumer, and the queued lines are dropped with the process.
+            return Err(format!("events file {}: not writable", path_of(&self.file)));
+        }
+        crate::state::crash_point::reached("outbox.written");
+        // Written: from here on these entries must be acked, never
+        // delivered again, so they are kept until an ack succeeds.
+        self.unacked
+            .extend(entries.iter().map(|e| (p, e.id.clone())));
+        self.ack_written().await?;
+        Ok(written)
+    }
+
+    /// Acks every entry already written, partition by partition.
+    async fn ack_written(&mut self) -> Result<(), String> {
+        while let Some(&(p, _)) = self.unacked.first() {
+            let ids: Vec<String> = self
+                .unacked
+                .iter()
+                .filter(|(q, _)| *q == p)
+                .map(|(_, id)| id.clone())
+                .collect();
+            let _: u64 = self
+                .link
+                .xack(self.keys.outbox(p), GROUP, &ids)
+                .await
+                .map_err(|e| e.to_string())?;
+            self.unacked.retain(|(q, _)| *q != p);
+        }
+        Ok(())
+    }
+
+    /// Deletes what every consumer has been given and acked.
+    async fn trim(&mut self, p: u32) -> Result<(), String> {
+        let key = self.keys.outbox(p);
+        let groups: redis::streams::StreamInfoGroupsReply = self
+            .link
+            .xinfo_groups(&key)
+            .await
+            .map_err(|e| e.to_string())?;
+        let Some(group) = groups.groups.iter().find(|g| g.name == GROUP) else {
+            return Ok(());
+        };
+        let pending: redis::streams::StreamPendingReply = self
+            .link
+            .xpending(&key, GROUP)
+            .await
+            .map_err(|e| e.to_string())?;
+        // Everything before the oldest pending entry, or before the last
+        // one handed out when nothing is pending, has been acked.
+        let keep_from = match &pending {
+            redis::streams::StreamPendingReply::Data(d) => d.start_id.clone(),
+            _ => group.last_delivered_id.clone(),
+        };
+        let _: u64 = redis::cmd("XTRIM")
+            .arg(&key)
+            .arg("MINID")
+            .arg(&keep_from)
+            .query_async(&mut self.link)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    }
+}
+
+fn path_of(file: &AppendFile) -> String {
+    file.path().display().to_string()
+}
+
+fn field(entry: &StreamId, name: &str) -> Option<String> {
+    match entry.map.get(name)? {
+        redis::Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        redis::Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn transition_of(entry: &StreamId) -> Option<Transition> {
+    let event = match field(entry, "e")?.as_str() {
+        "enter" => TransitionKind::Enter,
+        "exit" => TransitionKind::Exit,
+        _ => return None,
+    };
+    Some(Transition {
+        vehicle: field(entry, "v")?.into(),
+        fence: field(entry, "f")?.into(),
+        event,
+        ts: field(entry, "t")?.parse().ok()?,
+    })
+}

@@ -1,0 +1,109 @@
+//! The shared state as the pipeline starts it: Redis reached and checked,
+//! the consumer group made, the outbox consumer running; workers get an
+//! [`SharedApplier`] each.
+
+use super::applier::SharedApplier;
+use super::consumer::{GROUP, OutboxConsumer, RECENT_LINES};
+use super::{SharedRules, SharedStateError};
+use crate::config::StateConfig;
+use crate::geofence::{EvaluatorSettings, FenceIndex};
+use crate::redis_link::RedisLink;
+use crate::sink::append_file::AppendFile;
+use crate::state::{StateError, events_file};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub struct SharedStage {
+    rules: Arc<SharedRules>,
+    link: RedisLink,
+    stop: watch::Sender<bool>,
+    consumer: JoinHandle<()>,
+}
+
+impl SharedStage {
+    /// Connects, checks that every instance agrees on the partitions, makes
+    /// the consumer group, and starts delivering to `events`.
+    pub async fn start(
+        config: &StateConfig,
+        settings: &EvaluatorSettings,
+        events: &Path,
+        consumer_name: &str,
+        deadline: watch::Receiver<Option<Instant>>,
+    ) -> Result<Self, StateError> {
+        let shared = |e: SharedStateError| StateError::Shared(e.to_string());
+        let timeout = Duration::from_millis(config.timeout_ms);
+        let mut link = RedisLink::connect(&config.urls, config.cluster, timeout)
+            .await
+            .map_err(|e| StateError::Shared(e.to_string()))?;
+        let rules = Arc::new(SharedRules::new(
+            &config.prefix,
+            config.partitions,
+            settings.max_memberships,
+            settings.idle_expiry_ms,
+        ));
+        rules.agree_on_partitions(&mut link).await.map_err(shared)?;
+        for p in 0..config.partitions {
+            let made: redis::RedisResult<()> = redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(rules.keys.outbox(p))
+                .arg(GROUP)
+                .arg("0")
+                .arg("MKSTREAM")
+                .query_async(&mut link)
+                .await;
+            if let Err(e) = made
+                && e.code() != Some("BUSYGROUP")
+            {
+                return Err(shared(e.into()));
+            }
+        }
+        let events_error = |source| StateError::EventsFile {
+            path: events.to_owned(),
+            source,
+        };
+        let tail = events_file::read(events).map_err(events_error)?;
+        events_file::cut_torn(events, &tail).map_err(events_error)?;
+        let recent = events_file::recent_ids(events, RECENT_LINES).map_err(events_error)?;
+        let file = AppendFile::open(events).map_err(events_error)?;
+        let (stop, stop_rx) = watch::channel(false);
+        let consumer = OutboxConsumer {
+            link: link.clone(),
+            keys: rules.keys.clone(),
+            partitions: config.partitions,
+            me: consumer_name.to_owned(),
+            file,
+            fsync: config.fsync,
+            next_seq: tail.last_seq.unwrap_or(0) + 1,
+            recent,
+            claim_idle: Duration::from_secs_f64(config.claim_idle_s),
+            unacked: Vec::new(),
+        };
+        tracing::info!(
+            "state in redis {} (prefix {}, {} partitions); this instance delivers as {consumer_name}",
+            config.urls.join(","),
+            config.prefix,
+            config.partitions
+        );
+        Ok(Self {
+            rules,
+            consumer: tokio::spawn(consumer.run(stop_rx, deadline)),
+            link,
+            stop,
+        })
+    }
+
+    /// A worker's way into the shared state.
+    pub fn applier(&self, index: Arc<FenceIndex>, settings: EvaluatorSettings) -> SharedApplier {
+        SharedApplier::new(self.rules.clone(), self.link.clone(), index, settings)
+    }
+
+    /// After the workers: delivers what is left (until the drain
+    /// deadline), then stops.
+    pub async fn finish(self) {
+        let _ = self.stop.send(true);
+        let _ = self.consumer.await;
+    }
+}

@@ -1,0 +1,205 @@
+//! Several geogate processes on one MQTT shared subscription with their
+//! per-vehicle state in Redis (`[state] backend = "redis"`), against real
+//! mosquitto and redis-server: the union of their events files holds the
+//! transitions of one uninterrupted single-instance run, each exactly once,
+//! with a SIGKILL or without.
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+use support::fleet::{
+    FENCES, FIXES, Multiset, VEHICLES, assert_seqs_gap_free, diff, fleet, multiset,
+};
+use support::geogate::{GeogateProcess, exclusive, publish_all, read_ndjson, setup, wait_until};
+use support::redis::Redis;
+
+/// Between published fixes: a vehicle's consecutive fixes are then
+/// 24 × 5 ms apart, far more than one instance takes to apply one, so
+/// whichever instance gets the next fix finds the previous one applied.
+const PACE: Duration = Duration::from_millis(5);
+
+const SHARED_TOPICS: &str =
+    r#"topics = ["$share/geogate/fleet/+/telemetry", "$share/geogate/owntracks/+/+"]"#;
+
+fn total() -> f64 {
+    (VEHICLES * FIXES) as f64
+}
+
+/// One uninterrupted run of one instance with the embedded store.
+fn reference(broker: u16, runtime: &tokio::runtime::Runtime) -> Multiset {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("fences.geojson"), FENCES).unwrap();
+    let mut geogate = GeogateProcess::start(dir.path(), &setup(broker, "reference", ""));
+    runtime.block_on(publish_all(broker, &fleet(0..FIXES), None));
+    geogate.wait_processed(total(), 60);
+    let (ok, stdout) = geogate.stop();
+    assert!(ok, "{stdout}");
+    let events = read_ndjson(&dir.path().join("events.ndjson"));
+    assert_seqs_gap_free(&events, "reference");
+    let want = multiset(&events);
+    assert!(want.len() > 100 && want.values().all(|ids| ids.len() == 1));
+    want
+}
+
+/// An instance on the shared subscription with its state in `redis`.
+fn instance(dir: &Path, broker: u16, redis: &Redis, id: &str) -> GeogateProcess {
+    std::fs::write(dir.join("fences.geojson"), FENCES).unwrap();
+    let state = format!(
+        "[state]\nbackend = \"redis\"\nurls = [\"{}\"]\npartitions = 8\nclaim_idle_s = 60\n",
+        redis.url()
+    );
+    let geogate = GeogateProcess::launch_with(
+        dir,
+        &setup(broker, id, ""),
+        |config| {
+            let config = config.replace(
+                r#"topics = ["fleet/+/telemetry", "owntracks/+/+"]"#,
+                SHARED_TOPICS,
+            );
+            // Replace the embedded store's section with the redis one.
+            let start = config.find("[state]").expect("a [state] section");
+            let end = config[start..]
+                .find("\n[")
+                .map_or(config.len(), |n| start + n + 1);
+            format!("{}{state}{}", &config[..start], &config[end..])
+        },
+        None,
+    );
+    geogate.wait_for_log("subscribed", 1);
+    geogate
+}
+
+/// The sum of one metric over `instances`.
+fn sum(instances: &[GeogateProcess], name: &str) -> f64 {
+    instances.iter().map(|g| g.metric(name)).sum()
+}
+
+/// Waits until the instances together took and finished the whole fleet.
+fn wait_all_processed(instances: &[GeogateProcess]) {
+    wait_until(120, "every fix received and finished", || {
+        let received = sum(instances, "geogate_events_received_total");
+        received >= total()
+            && sum(instances, "geogate_events_evaluated_total")
+                + sum(instances, "geogate_events_invalid_total")
+                + sum(instances, "geogate_fixes_out_of_order_total")
+                >= received
+    });
+}
+
+/// Stops every instance (each drains and delivers what its consumer has),
+/// checks each account and file, and returns the union of their files.
+fn stop_and_collect(
+    instances: Vec<GeogateProcess>,
+    dirs: &[tempfile::TempDir],
+) -> Vec<serde_json::Value> {
+    let mut union = Vec::new();
+    for (mut geogate, dir) in instances.into_iter().zip(dirs) {
+        let (ok, stdout) = geogate.stop();
+        assert!(ok, "{stdout}");
+        let line = support::geogate::accounting_line(&stdout);
+        assert!(line.ends_with("(balanced)"), "{line}");
+        assert!(
+            line.contains("out_of_order 0 "),
+            "a fix was applied after a later one: {line}"
+        );
+        let events = read_ndjson(&dir.path().join("events.ndjson"));
+        assert_seqs_gap_free(&events, "an instance's file");
+        union.extend(events);
+    }
+    union
+}
+
+fn assert_exactly(got: &[serde_json::Value], want: &Multiset, what: &str) {
+    let got = multiset(got);
+    assert!(
+        got == *want,
+        "{what}: the union differs from one instance's run:\n{}",
+        diff(&got, want)
+    );
+}
+
+/// (a) Three instances, the fleet spread among them by the broker.
+#[test]
+fn three_instances_together_emit_what_one_does_exactly_once() {
+    let _serial = exclusive();
+    let (Some(broker), Some(redis)) = (support::Mosquitto::start(), Redis::start()) else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let want = reference(broker.port, &runtime);
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let instances: Vec<_> = dirs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| instance(d.path(), broker.port, &redis, &format!("scale-{i}")))
+        .collect();
+    runtime.block_on(publish_all(broker.port, &fleet(0..FIXES), Some(PACE)));
+    wait_all_processed(&instances);
+    let received: Vec<f64> = instances
+        .iter()
+        .map(|g| g.metric("geogate_events_received_total"))
+        .collect();
+    assert!(
+        received.iter().all(|&n| n > 0.0),
+        "the broker spread the fleet: {received:?}"
+    );
+    let files: Vec<usize> = dirs
+        .iter()
+        .map(|d| read_ndjson(&d.path().join("events.ndjson")).len())
+        .collect();
+    let union = stop_and_collect(instances, &dirs);
+    assert_exactly(&union, &want, "three instances");
+    eprintln!("received per instance {received:?}, lines per file (before stopping) {files:?}");
+}
+
+/// (b) One of three instances is SIGKILLed four times mid-stream and
+/// restarted each time: once wherever it happens to be, then stopped at
+/// each point where work is in flight (a batch applied in Redis but not
+/// acked to the broker; transitions taken from the outbox but not written;
+/// written but not acked to the outbox).
+#[test]
+fn a_sigkilled_instance_restarts_and_nothing_is_lost_or_repeated() {
+    let _serial = exclusive();
+    let (Some(broker), Some(redis)) = (support::Mosquitto::start(), Redis::start()) else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let want = reference(broker.port, &runtime);
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut instances: Vec<_> = dirs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| instance(d.path(), broker.port, &redis, &format!("kill-{i}")))
+        .collect();
+    let port = broker.port;
+    // Slower than (a), so the stream outlasts four restarts.
+    let publishing =
+        runtime.spawn(async move { publish_all(port, &fleet(0..FIXES), Some(2 * PACE)).await });
+    wait_until(60, "the stream under way", || {
+        sum(&instances, "geogate_events_received_total") >= 0.1 * total()
+    });
+    let victim = &mut instances[1];
+    victim.kill();
+    let mut starts = 1;
+    for point in ["shared.applied:2", "outbox.read:2", "outbox.written:2", ""] {
+        victim.set_crash_point((!point.is_empty()).then_some(point));
+        victim.restart();
+        starts += 1;
+        if point.is_empty() {
+            victim.wait_for_log("subscribed", starts);
+        } else {
+            victim.wait_for_crash_point();
+            victim.kill();
+        }
+    }
+    runtime.block_on(publishing).unwrap();
+    wait_until(120, "every transition delivered", || {
+        dirs.iter()
+            .map(|d| read_ndjson(&d.path().join("events.ndjson")).len())
+            .sum::<usize>()
+            >= want.len()
+    });
+    let union = stop_and_collect(instances, &dirs);
+    assert_exactly(&union, &want, "with four SIGKILLs");
+}
