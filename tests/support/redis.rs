@@ -11,6 +11,8 @@ pub struct Redis {
     child: Option<Child>,
     binary: PathBuf,
     dir: tempfile::TempDir,
+    /// Further server arguments (cluster mode).
+    extra: Vec<String>,
 }
 
 impl Redis {
@@ -28,6 +30,7 @@ impl Redis {
                 child: None,
                 binary: binary.clone(),
                 dir: tempfile::tempdir().expect("tempdir"),
+                extra: Vec::new(),
             };
             if redis.spawn() {
                 return Some(redis);
@@ -54,6 +57,7 @@ impl Redis {
             .arg("--dir")
             .arg(self.dir.path())
             .args(["--loglevel", "warning"])
+            .args(&self.extra)
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("spawn redis-server");
@@ -85,5 +89,95 @@ impl Redis {
 impl Drop for Redis {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// A Redis Cluster of three masters (no replicas) on loopback, each with a
+/// synced append-only file, so a restarted master comes back with its
+/// slots and its data. Other masters keep serving their slots while one is
+/// down (`cluster-require-full-coverage no`).
+pub struct RedisCluster {
+    pub nodes: Vec<Redis>,
+}
+
+impl RedisCluster {
+    pub fn start() -> Option<Self> {
+        let server = require(
+            "redis-server (apt-get install redis-server)",
+            binary("redis-server"),
+        )?;
+        let cli = require(
+            "redis-cli (apt-get install redis-tools)",
+            binary("redis-cli"),
+        )?;
+        let mut nodes = Vec::new();
+        while nodes.len() < 3 {
+            // The cluster bus listens on port + 10000: both must be free.
+            let port = free_port();
+            if port > 55_000 || std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_err() {
+                continue;
+            }
+            let mut node = Redis {
+                port,
+                child: None,
+                binary: server.clone(),
+                dir: tempfile::tempdir().expect("tempdir"),
+                extra: vec![
+                    "--cluster-enabled".into(),
+                    "yes".into(),
+                    "--cluster-node-timeout".into(),
+                    "2000".into(),
+                    "--cluster-require-full-coverage".into(),
+                    "no".into(),
+                ],
+            };
+            if node.spawn() {
+                nodes.push(node);
+            }
+        }
+        let mut create = Command::new(&cli);
+        create.arg("--cluster").arg("create");
+        for node in &nodes {
+            create.arg(format!("127.0.0.1:{}", node.port));
+        }
+        let out = create
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "cluster create: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = Self { nodes };
+        cluster.wait_ok();
+        Some(cluster)
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(Redis::url).collect()
+    }
+
+    /// Waits (≤ 30 s) until every node reports `cluster_state:ok`.
+    pub fn wait_ok(&self) {
+        let cli = binary("redis-cli").expect("redis-cli");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        for node in &self.nodes {
+            loop {
+                let out = Command::new(&cli)
+                    .args(["-p", &node.port.to_string(), "cluster", "info"])
+                    .output()
+                    .expect("redis-cli cluster info");
+                if String::from_utf8_lossy(&out.stdout).contains("cluster_state:ok") {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "node {} never reported cluster_state:ok",
+                    node.port
+                );
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        }
     }
 }
