@@ -22,6 +22,7 @@ use geogate::replay::capture;
 use geogate::sink::dead_letter::DeadLetterSink;
 use geogate::source::{Completions, Envelope};
 use geogate::state::commit::ShardCounters;
+use geogate::state::shared::SharedStage;
 use geogate::state::stage::StateStage;
 use metrics_exporter_prometheus::PrometheusBuilder;
 use std::hint::black_box;
@@ -75,6 +76,83 @@ fn decode_formats(c: &mut Criterion) {
 struct Pipeline {
     index: Arc<FenceIndex>,
     dir: tempfile::TempDir,
+    redis: Option<LocalRedis>,
+}
+
+/// A redis-server for the bench, on a free loopback port.
+struct LocalRedis {
+    port: u16,
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl LocalRedis {
+    fn start() -> Option<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .ok()?
+            .port();
+        let dir = tempfile::tempdir().ok()?;
+        let child = std::process::Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+            ])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .ok()?;
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Some(Self {
+                    port,
+                    child,
+                    _dir: dir,
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        None
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `(calls, total µs)` of the rules script so far.
+    fn script_stats(&self) -> (f64, f64) {
+        let info = self.cli(&["INFO", "commandstats"]);
+        let field = |line: &str, name: &str| {
+            line.split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .fold((0.0, 0.0), |(calls, usec), l| {
+                let l = l.split_once(':').map_or(l, |(_, v)| v);
+                (calls + field(l, "calls"), usec + field(l, "usec"))
+            })
+    }
+}
+
+impl Drop for LocalRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 impl Pipeline {
@@ -101,11 +179,17 @@ impl Pipeline {
     /// A fresh store and events file for the next iteration.
     fn state(&self, backend: StateBackend, fsync: FsyncPolicy) -> StateConfig {
         let _ = std::fs::remove_file(self.events_path());
+        let mut urls = Vec::new();
+        if let (StateBackend::Redis, Some(redis)) = (backend, &self.redis) {
+            redis.cli(&["FLUSHALL"]);
+            urls.push(format!("redis://127.0.0.1:{}", redis.port));
+        }
         StateConfig {
             backend,
             path: self.dir.path().join("state.sqlite"),
             fsync,
             reset: true,
+            urls,
             ..StateConfig::default()
         }
     }
@@ -123,8 +207,21 @@ impl Pipeline {
         let (_fences_tx, fences) = watch::channel(self.index.clone());
         let (_deadline_tx, deadline) = watch::channel(None);
         let events = self.events_path();
-        let mut stage = StateStage::start(&state, Some(&events), None, shards, deadline.clone())
-            .expect("state stage");
+        let settings = EvaluatorSettings::default();
+        let mut local = None;
+        let mut shared = None;
+        if state.backend == StateBackend::Redis {
+            shared = Some(
+                SharedStage::start(&state, &settings, &events, "bench", deadline.clone())
+                    .await
+                    .expect("shared state"),
+            );
+        } else {
+            local = Some(
+                StateStage::start(&state, Some(&events), None, shards, deadline.clone())
+                    .expect("state stage"),
+            );
+        }
         let capacity = PipelineConfig::default().queue_capacity;
         let gate: GateSpec = "token:rate=1000000,burst=100000".parse().expect("gate");
         let mut inputs = Vec::new();
@@ -140,12 +237,21 @@ impl Pipeline {
                 ),
                 None,
             ));
-            let evaluator =
-                stage.evaluator(shard, self.index.clone(), EvaluatorSettings::default());
+            let (evaluator, sink) = match (&mut local, &shared) {
+                (Some(stage), _) => (
+                    stage.evaluator(shard, self.index.clone(), settings),
+                    BatchSink::Commit(stage.commits.clone()),
+                ),
+                (None, Some(stage)) => (
+                    geogate::geofence::Evaluator::new(self.index.clone(), settings),
+                    BatchSink::Shared(stage.applier(self.index.clone(), settings)),
+                ),
+                (None, None) => unreachable!("one stage was started above"),
+            };
             let ctx = WorkerContext {
                 shard,
                 fences: fences.clone(),
-                sink: BatchSink::Commit(stage.commits.clone()),
+                sink,
                 counters: Arc::new(ShardCounters::new(
                     shard,
                     accounting.clone(),
@@ -178,11 +284,16 @@ impl Pipeline {
         // Spawned, as in `pipeline::run`, so the scheduler treats it alike.
         // Started as `pipeline::run` starts it, on its own thread.
         let _ = router.spawn(intake).await;
-        let finished = stage.finish();
+        let finished = local.map(StateStage::finish);
         for w in workers {
             let _ = w.await;
         }
-        finished.await;
+        if let Some(finished) = finished {
+            finished.await;
+        }
+        if let Some(shared) = shared {
+            shared.finish().await;
+        }
         accounting.balance().evaluated
     }
 }
@@ -216,7 +327,11 @@ fn pipeline(c: &mut Criterion) {
     let pipeline = Pipeline {
         index,
         dir: tempfile::tempdir().expect("temp dir"),
+        redis: LocalRedis::start(),
     };
+    if pipeline.redis.is_none() {
+        eprintln!("redis-server not found: the pipeline_redis benches are skipped");
+    }
     let shared: Vec<(String, Bytes)> = payloads
         .iter()
         .map(|(t, p)| (t.clone(), Bytes::from(p.clone())))
@@ -229,9 +344,13 @@ fn pipeline(c: &mut Criterion) {
             StateBackend::Embedded,
             FsyncPolicy::Always,
         ),
+        ("redis", StateBackend::Redis, FsyncPolicy::Flush),
     ];
     for shards in [1, 2] {
         for (name, backend, fsync) in backends {
+            if backend == StateBackend::Redis && pipeline.redis.is_none() {
+                continue;
+            }
             group.bench_with_input(
                 BenchmarkId::new(format!("pipeline_{name}"), shards),
                 &shards,
@@ -243,6 +362,21 @@ fn pipeline(c: &mut Criterion) {
                     )
                 },
             );
+            if let (StateBackend::Redis, Some(redis)) = (backend, &pipeline.redis) {
+                // One more run, counted by Redis itself.
+                let (calls0, usec0) = redis.script_stats();
+                let state = pipeline.state(backend, fsync);
+                let fixes =
+                    runtime.block_on(pipeline.run(Pipeline::intake(&shared), shards, state)) as f64;
+                let (calls, usec) = redis.script_stats();
+                let (calls, usec) = (calls - calls0, usec - usec0);
+                eprintln!(
+                    "redis, {shards} shard(s): {:.4} script calls per event, {:.2} µs of script time per event, {:.1} µs per call",
+                    calls / fixes.max(1.0),
+                    usec / fixes.max(1.0),
+                    usec / calls.max(1.0)
+                );
+            }
         }
     }
     group.finish();

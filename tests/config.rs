@@ -96,7 +96,7 @@ fn the_state_section_is_checked_and_names_its_field() {
     // The memory backend needs no file.
     let memory = nowhere.replace("# backend = \"embedded\"", "backend = \"memory\"");
     assert!(Config::parse(&memory).is_ok());
-    let unknown = text.replace("# backend = \"embedded\"", "backend = \"redis\"");
+    let unknown = text.replace("# backend = \"embedded\"", "backend = \"postgres\"");
     let err = Config::parse(&unknown).unwrap_err().to_string();
     assert!(err.contains("backend") && err.contains("embedded"), "{err}");
 }
@@ -155,4 +155,43 @@ fn the_global_allowance_is_checked_and_names_its_field() {
         .join("\n");
     let err = Config::parse(&no_mode).unwrap_err().to_string();
     assert!(err.contains("fail_mode"), "{err}");
+}
+
+/// `[state] backend = "redis"`: the documented keys parse; what it needs
+/// (urls, an events file) and what it cannot do yet (MQTT events) are
+/// named.
+#[test]
+fn the_redis_state_backend_is_checked_and_names_its_field() {
+    let text = std::fs::read_to_string("config/geogate.toml").unwrap();
+    // Only the [state] section's commented keys are switched on.
+    let (head, state) = text.split_at(text.find("[state]").unwrap());
+    let state = state
+        .replace("# backend = \"embedded\"", "backend = \"redis\"")
+        .replace(
+            "# urls = [\"redis://127.0.0.1:6379\"]",
+            "urls = [\"redis://127.0.0.1:6379\"]",
+        )
+        .replace("# partitions = 16", "partitions = 16");
+    let redis = format!("{head}{state}")
+        .replace(
+            "# path = \"geogate-events.ndjson\"",
+            "path = \"geogate-events.ndjson\"",
+        )
+        .replace(
+            "mqtt = true                     # publish",
+            "mqtt = false # publish",
+        );
+    let config = Config::parse(&redis).expect("the documented redis backend is valid");
+    assert_eq!(config.state.partitions, 16);
+    let bad = redis
+        .replace("urls = [\"redis://127.0.0.1:6379\"]", "urls = []")
+        .replace("partitions = 16", "partitions = 0")
+        .replace("mqtt = false # publish", "mqtt = true # publish");
+    let Err(ConfigError::Invalid(problems)) = Config::parse(&bad) else {
+        panic!("expected an invalid config");
+    };
+    let fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
+    for field in ["state.urls", "state.partitions", "events.mqtt"] {
+        assert!(fields.contains(&field), "{field} not in {problems:?}");
+    }
 }
