@@ -31,12 +31,12 @@ import argparse
 import gzip
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
+
+from harness import free_port, scrape, wait_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GEOGATE = os.path.join(ROOT, "target/release/geogate")
@@ -48,24 +48,6 @@ ap.add_argument("--vehicles", type=int, default=1500)
 ap.add_argument("--phase", choices=["live", "preloaded", "both"], default="both")
 ap.add_argument("--skip-peer", action="store_true", help="leave the Python peer out (geogate vs mosquitto_sub only)")
 args = ap.parse_args()
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def wait_port(port):
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"nothing on {port}")
 
 
 tmp = tempfile.mkdtemp()
@@ -135,19 +117,6 @@ def geogate_config(client_id, qos):
     path = os.path.join(tmp, f"{client_id}.toml")
     open(path, "w").write(cfg)
     return path, mport
-
-
-def scrape(mport):
-    try:
-        body = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=2).read().decode()
-    except OSError:
-        return {}
-    out = {}
-    for line in body.splitlines():
-        if line and not line.startswith("#"):
-            name = line.split("{")[0].split(" ")[0]
-            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
 
 
 def start_geogate(client_id, qos, wait_connected=True):

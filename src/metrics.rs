@@ -222,7 +222,7 @@ fn describe() {
     describe_histogram!(
         "geogate_state_commit_duration_seconds",
         Unit::Seconds,
-        "One state transaction: the vehicle records and outbox entries of every batch waiting for it."
+        "One state transaction: the vehicle records and outbox entries of every batch waiting for it (backend = redis: one batch's script calls, all partitions)."
     );
     describe_histogram!(
         "geogate_state_commit_batches",
@@ -268,6 +268,21 @@ fn describe() {
         "geogate_global_allowance_round_trip_seconds",
         Unit::Seconds,
         "One refill from the shared bucket: the script call's round trip."
+    );
+    describe_counter!(
+        "geogate_state_redis_errors_total",
+        Unit::Count,
+        "Failed calls to the shared state in Redis (backend = redis): the batch stays unacked and is retried."
+    );
+    describe_counter!(
+        "geogate_outbox_delivered_total",
+        Unit::Count,
+        "Transitions this instance took from the shared outbox streams and wrote to its events file."
+    );
+    describe_counter!(
+        "geogate_outbox_claimed_total",
+        Unit::Count,
+        "Outbox entries taken over from an instance silent for longer than state.claim_idle_s."
     );
     describe_gauge!(
         "geogate_state_store_bytes",

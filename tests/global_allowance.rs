@@ -381,8 +381,8 @@ fn redis_outage(mode: &str) {
     phase_a.extend(highs("ha", 20));
     publish(phase_a);
     geogate.wait_processed(320.0, 60);
-    let spent_before = geogate.metric("geogate_global_allowance_spent_tokens_total");
-    assert!(spent_before > 0.0 && connected() == 1.0);
+    let spent_up = geogate.metric("geogate_global_allowance_spent_tokens_total");
+    assert!(spent_up > 0.0 && connected() == 1.0);
 
     // Redis down.
     redis.stop();
@@ -391,6 +391,7 @@ fn redis_outage(mode: &str) {
     phase_b.extend(highs("hb", 20));
     publish(phase_b);
     geogate.wait_processed(640.0, 60);
+    let spent_before = geogate.metric("geogate_global_allowance_spent_tokens_total");
     let unpaid = geogate.metric("geogate_global_allowance_fail_open_admitted_total");
     match mode {
         "closed" => assert!(

@@ -124,7 +124,7 @@ async fn compare(
     let rules = SharedRules::new("t", 4, settings.max_memberships, 3_600_000);
     let widest = widest_band(index, &settings);
     let mut scratch = ProbeScratch::default();
-    let mut local = Evaluator::new(index.clone(), settings);
+    let mut local = Evaluator::new(index.clone(), settings).tracking_changes();
     let mut local_out: Vec<Transition> = Vec::new();
     let mut local_outcomes = Vec::new();
     let mut shared_outcomes = vec![FixOutcome::Applied; case.fixes.len()];
@@ -201,23 +201,21 @@ async fn compare(
             "transitions differ:\n local  {want:?}\n shared {got:?}"
         ));
     }
-    for v in 0..4 {
-        let vehicle = format!("v{v}");
+    // Every vehicle's whole state: last applied fix, members, pending
+    // dwells (lists compared as sets: their order carries no meaning).
+    let mut changed = Vec::new();
+    local.take_changed(&mut changed);
+    for (vehicle, snapshot) in changed {
+        let normalise = |s: Option<geogate::geofence::VehicleSnapshot>| {
+            s.map(|s| (s.last_fix_ms, sorted(&s.members), sorted(&s.pending)))
+        };
         let shared = rules
             .snapshot(conn, &vehicle)
             .await
             .map_err(|e| e.to_string())?;
-        let mut held = Vec::new();
-        local.take_changed(&mut held);
-        let local_members = sorted(&local.memberships(&vehicle));
-        let shared_members = shared
-            .as_ref()
-            .map(|s| sorted(&s.members))
-            .unwrap_or_default();
-        if local_members != shared_members {
-            return Err(format!(
-                "{vehicle} members: local {local_members:?}, shared {shared_members:?}"
-            ));
+        let (local, shared) = (normalise(snapshot), normalise(shared));
+        if local != shared {
+            return Err(format!("{vehicle}: local {local:?}, shared {shared:?}"));
         }
     }
     Ok(())

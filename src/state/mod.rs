@@ -10,8 +10,8 @@
 //! * [`stage`]: all of it started (and finished) as the pipeline needs;
 //! * [`events_file`]: where the events file's tail says the relay stopped;
 //! * [`crash_point`]: where tests stop the process to SIGKILL it;
-//! * [`shared`]: the membership rules as a Redis script, for state several
-//!   instances share (the rules and their facts; not yet a `[state]` backend).
+//! * [`shared`]: `[state] backend = "redis"`: the membership rules as a
+//!   Redis script, and the outbox as streams every instance delivers from.
 //!
 //! The seam is [`Store`]: a batch of vehicle records and outbox entries
 //! committed in one transaction, and everything committed read back at

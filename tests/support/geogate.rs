@@ -186,13 +186,13 @@ listen = "127.0.0.1:{metrics_port}"
         }
     }
 
-    /// Extra arguments for the next spawns (e.g. `--reset-state`).
     /// `GEOGATE_CRASH_POINT` for the next [`Self::restart`] (`None`: run
     /// through).
     pub fn set_crash_point(&mut self, point: Option<&str>) {
         self.crash_point = point.map(str::to_owned);
     }
 
+    /// Extra arguments for the next spawns (e.g. `--reset-state`).
     pub fn set_args(&mut self, extra: &[&str]) {
         self.extra_args = extra.iter().map(|a| a.to_string()).collect();
     }

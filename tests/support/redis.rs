@@ -1,6 +1,7 @@
-//! A real redis-server on a free loopback port, for the global allowance.
-//! Its data is kept in an append-only file synced on every write, so a
-//! restart on the same port finds the bucket where it was.
+//! Real redis-servers on free loopback ports: a single node, or a
+//! three-master Cluster. Data is kept in an append-only file synced on
+//! every write, so a node restarted on its port finds its keys (the
+//! allowance's bucket, vehicle records, outbox streams) where they were.
 
 use super::{binary, free_port, require, wait_for_child_port};
 use std::path::PathBuf;

@@ -239,9 +239,16 @@ impl<C: Clock> Router<C> {
             ShedCause::Global(spend) => {
                 gate = "global";
                 match spend {
-                    Spend::Exhausted { retry_after } => {
-                        ("the shared bucket is empty".to_owned(), retry_after)
-                    }
+                    Spend::Exhausted {
+                        retry_after: Some(wait),
+                    } => (
+                        "the local reserve is spent and the shared bucket was empty at the last refill".to_owned(),
+                        Some(wait),
+                    ),
+                    Spend::Exhausted { retry_after: None } => (
+                        "the local reserve is spent and a refill is on its way (raise gate.global.reserve if this is frequent: one instance spends at most a reserve per Redis round trip)".to_owned(),
+                        None,
+                    ),
                     _ => (
                         "Redis is unreachable and fail_mode = closed".to_owned(),
                         None,

@@ -114,12 +114,10 @@ impl SharedApplier {
             while let Some(joined) = calls.join_next().await {
                 let (partition, fixes, result) = match joined {
                     Ok(done) => done,
-                    Err(e) => {
-                        // A panicked call cannot be retried: its fixes are
-                        // gone. Not expected; the batch is given up.
-                        tracing::error!("shared state call failed: {e}");
-                        return None;
-                    }
+                    // A call that panicked took its fixes with it: carry
+                    // the panic on rather than leave a shard that no
+                    // longer drains.
+                    Err(e) => std::panic::resume_unwind(e.into_panic()),
                 };
                 match result {
                     Ok(applied) => {
@@ -135,9 +133,17 @@ impl SharedApplier {
                         }
                     }
                     // Only what failed is sent again: a partition applied
-                    // twice would count its fixes as duplicates.
+                    // twice would count its fixes as duplicates. A call
+                    // that failed may still have run (a reply lost to a
+                    // timeout), so its fixes go again marked redelivered:
+                    // then a vehicle's earlier fixes in it count as
+                    // duplicates, not as out of order.
                     Err(e) => {
                         failure = Some(e.to_string());
+                        let mut fixes = fixes;
+                        for fix in &mut fixes {
+                            fix.redelivered = true;
+                        }
                         pending.push((partition, fixes));
                     }
                 }

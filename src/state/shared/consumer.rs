@@ -53,8 +53,10 @@ pub struct OutboxConsumer {
     /// pending entries once, at start.
     pub recent: HashSet<String>,
     pub claim_idle: Duration,
-    /// Entries written to the file whose ack has not gone through yet.
-    pub unacked: Vec<(u32, String)>,
+    /// Entries written to the file whose ack has not gone through yet,
+    /// by (partition, stream id): never written again, whoever hands
+    /// them back (a re-read of the own pending list, a claim).
+    pub unacked: std::collections::BTreeSet<(u32, String)>,
 }
 
 impl OutboxConsumer {
@@ -182,6 +184,10 @@ impl OutboxConsumer {
         crate::state::crash_point::reached("outbox.read");
         let mut written = 0;
         for entry in entries {
+            if self.unacked.contains(&(p, entry.id.clone())) {
+                // Written already; only its ack is outstanding.
+                continue;
+            }
             let Some(t) = transition_of(entry) else {
                 tracing::error!(
                     "outbox {}: entry {} is not a transition; acked and skipped",
@@ -224,23 +230,26 @@ impl OutboxConsumer {
         Ok(written)
     }
 
-    /// Acks every entry already written, partition by partition.
+    /// Acks every entry already written, each partition on its own: a
+    /// partition whose node is down does not hold back the others' acks.
     async fn ack_written(&mut self) -> Result<(), String> {
-        while let Some(&(p, _)) = self.unacked.first() {
+        let partitions: std::collections::BTreeSet<u32> =
+            self.unacked.iter().map(|(p, _)| *p).collect();
+        let mut failure = None;
+        for p in partitions {
             let ids: Vec<String> = self
                 .unacked
-                .iter()
-                .filter(|(q, _)| *q == p)
+                .range((p, String::new())..)
+                .take_while(|(q, _)| *q == p)
                 .map(|(_, id)| id.clone())
                 .collect();
-            let _: u64 = self
-                .link
-                .xack(self.keys.outbox(p), GROUP, &ids)
-                .await
-                .map_err(|e| e.to_string())?;
-            self.unacked.retain(|(q, _)| *q != p);
+            let acked: Result<u64, _> = self.link.xack(self.keys.outbox(p), GROUP, &ids).await;
+            match acked {
+                Ok(_) => self.unacked.retain(|(q, _)| *q != p),
+                Err(e) => failure = Some(e.to_string()),
+            }
         }
-        Ok(())
+        failure.map_or(Ok(()), Err)
     }
 
     /// Deletes what every consumer has been given and acked.

@@ -79,7 +79,7 @@ impl SharedStage {
             next_seq: tail.last_seq.unwrap_or(0) + 1,
             recent,
             claim_idle: Duration::from_secs_f64(config.claim_idle_s),
-            unacked: Vec::new(),
+            unacked: Default::default(),
         };
         tracing::info!(
             "state in redis {} (prefix {}, {} partitions); this instance delivers as {consumer_name}",

@@ -1,0 +1,144 @@
+"""Scale-out harness: events/s with the state in memory, in the embedded
+store, and in Redis with 1, 2 and 3 instances on one shared subscription.
+
+One mosquitto, one redis-server (appendfsync everysec), and a synthetic
+shift-change capture (`geogate synth shift-change --vehicles V --seed 2`).
+Each run starts its instances, then `geogate replay --speed 1000`
+publishes the capture as fast as the broker takes it; the rate is the
+messages finished by all instances together over the time from the first
+one received to the last one finished (metrics polled every 5 ms). Rounds
+alternate the configurations, and each is reported as the median of its
+rounds with the min–max, and as a ratio to the memory backend's median.
+
+Everything shares this machine's 2 cores with the broker, Redis and the
+publisher, so more instances here measure contention, not capacity; the
+per-call script cost (pipeline bench, INFO commandstats) is what the scale
+model in ARCHITECTURE.md builds on.
+
+Usage: python3 benches/scale_out.py [--vehicles V] [--rounds R]
+Needs: mosquitto, redis-server, redis-cli, target/release/geogate.
+"""
+import argparse
+import gzip
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+
+from harness import free_port, scrape, wait_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GEOGATE = os.path.join(ROOT, "target/release/geogate")
+FENCES = os.path.join(ROOT, "config/fences.geojson")
+ap = argparse.ArgumentParser()
+ap.add_argument("--vehicles", type=int, default=500)
+ap.add_argument("--rounds", type=int, default=5)
+args = ap.parse_args()
+
+tmp = tempfile.mkdtemp()
+CAPTURE = os.path.join(tmp, "capture.ndjson.gz")
+subprocess.run([GEOGATE, "synth", "shift-change", "--vehicles", str(args.vehicles), "--seed", "2", "--out", CAPTURE],
+               stdout=subprocess.DEVNULL, check=True)
+with gzip.open(CAPTURE, "rt") as f:
+    N = sum(1 for _ in f)
+
+port = free_port()
+conf = os.path.join(tmp, "m.conf")
+open(conf, "w").write(f"listener {port} 127.0.0.1\nallow_anonymous true\nmax_inflight_messages 0\n"
+                      "max_queued_messages 0\n")
+broker = subprocess.Popen(["mosquitto", "-c", conf], stderr=subprocess.DEVNULL)
+rport = free_port()
+redis = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(rport), "--save", "",
+                          "--appendonly", "yes", "--appendfsync", "everysec", "--dir", tmp],
+                         stdout=subprocess.DEVNULL)
+wait_port(port)
+wait_port(rport)
+
+
+def config(client_id, backend, shared):
+    """The example config: no worker cap, a gate that never sheds, 2 shards."""
+    mport = free_port()
+    cfg = open(os.path.join(ROOT, "config/geogate.toml")).read()
+    for old, new in [("port = 1883\n", f"port = {port}\n"), ('client_id = "geogate-1"', f'client_id = "{client_id}"'),
+                     ('# listen = "127.0.0.1:9464"', f'listen = "127.0.0.1:{mport}"'),
+                     ('path = "geogate-dead-letter.ndjson"', f'path = "{tmp}/dl-{client_id}.ndjson"'),
+                     ('path = "config/fences.geojson"', f'path = "{FENCES}"'), ("mqtt = true ", "mqtt = false "),
+                     ('# path = "geogate-events.ndjson"', f'path = "{tmp}/events-{client_id}.ndjson"'),
+                     ('# path = "geogate-state.sqlite"', f'path = "{tmp}/state-{client_id}.sqlite"'),
+                     ('# backend = "embedded"', f'backend = "{backend}"'),
+                     ("rate = 32000 ", "rate = 1000000 "), ("burst = 24000 ", "burst = 1000000 ")]:
+        assert old in cfg, old
+        cfg = cfg.replace(old, new, 1)
+    if backend == "redis":
+        state = cfg.index("[state]")
+        cfg = cfg[:state] + cfg[state:].replace('# urls = ["redis://127.0.0.1:6379"]',
+                                                f'urls = ["redis://127.0.0.1:{rport}"]', 1)
+    if shared:
+        cfg = cfg.replace('topics = ["fleet/+/telemetry", "owntracks/+/+"]',
+                          'topics = ["$share/bench/fleet/+/telemetry", "$share/bench/owntracks/+/+"]', 1)
+    path = os.path.join(tmp, f"{client_id}.toml")
+    open(path, "w").write(cfg)
+    return path, mport
+
+
+def run(backend, instances):
+    subprocess.run(["redis-cli", "-p", str(rport), "FLUSHALL"], stdout=subprocess.DEVNULL, check=True)
+    stamp = time.time_ns()
+    procs = []
+    for i in range(instances):
+        path, mport = config(f"{backend}-{instances}-{i}-{stamp}", backend, instances > 1)
+        proc = subprocess.Popen([GEOGATE, "run", "--config", path], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True)
+        procs.append((proc, mport))
+    deadline = time.time() + 30
+    while any(scrape(m).get("geogate_mqtt_subscribed", 0) < 1 for _, m in procs):
+        if time.time() > deadline:
+            raise SystemExit("an instance did not subscribe")
+        time.sleep(0.05)
+    pub = subprocess.Popen([GEOGATE, "replay", CAPTURE, "--mqtt", f"mqtt://127.0.0.1:{port}", "--speed", "1000"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = last = None
+    out_of_order = 0
+    while True:
+        ms = [scrape(m) for _, m in procs]
+        now = time.perf_counter()
+        got = sum(m.get("geogate_events_received_total", 0) for m in ms)
+        done = sum(m.get(k, 0) for m in ms for k in ("geogate_events_evaluated_total", "geogate_events_invalid_total",
+                                                     "geogate_events_shed_total", "geogate_fixes_out_of_order_total"))
+        if got > 0 and first is None:
+            first = now
+        if done >= N:
+            last = now
+            out_of_order = sum(m.get("geogate_fixes_out_of_order_total", 0) for m in ms)
+            break
+        if first and now - first > 300:
+            break
+        time.sleep(0.005)
+    pub.wait()
+    for proc, _ in procs:
+        proc.terminate()
+        proc.communicate(timeout=60)
+    return (round(N / (last - first)) if last else 0), int(out_of_order)
+
+
+configs = [("memory", 1), ("embedded", 1), ("redis", 1), ("redis", 2), ("redis", 3)]
+rates = {c: [] for c in configs}
+ooo = {c: [] for c in configs}
+for r in range(args.rounds):
+    for c in configs:
+        rate, late = run(*c)
+        rates[c].append(rate)
+        ooo[c].append(late)
+        print(json.dumps({"round": r + 1, "backend": c[0], "instances": c[1], "rate": rate,
+                          "out_of_order": late}), flush=True)
+
+base = statistics.median(rates[("memory", 1)])
+print(f"\n{N} messages; events/s over all instances, median of {args.rounds} rounds [min–max]; ratio to memory")
+for c in configs:
+    med = statistics.median(rates[c])
+    print(f"{c[0]:9} ×{c[1]}  {med:>9,.0f} [{min(rates[c]):,}–{max(rates[c]):,}]  "
+          f"{med / base:.2f}×   out_of_order median {statistics.median(ooo[c]):.0f}")
+broker.terminate()
+redis.terminate()
