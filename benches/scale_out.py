@@ -3,12 +3,15 @@ store, and in Redis with 1, 2 and 3 instances on one shared subscription.
 
 One mosquitto, one redis-server (appendfsync everysec), and a synthetic
 shift-change capture (`geogate synth shift-change --vehicles V --seed 2`).
-Each run starts its instances, then `geogate replay --speed 1000`
-publishes the capture as fast as the broker takes it; the rate is the
-messages finished by all instances together over the time from the first
-one received to the last one finished (metrics polled every 5 ms). Rounds
-alternate the configurations, and each is reported as the median of its
-rounds with the min–max, and as a ratio to the memory backend's median.
+Each run registers its instances' persistent sessions (on a shared
+subscription group of its own when there are several), stops them, has
+`geogate replay` publish the whole capture while they are away (the broker
+queues it, spread over the sessions), then starts them again: the rate is
+the messages finished by all instances together over the time from the
+first one received to the last one finished (metrics polled every 5 ms),
+with no publisher competing for the cores. Rounds alternate the
+configurations; each is reported as the median of its rounds with the
+min–max, and as a ratio to the memory backend's median.
 
 Everything shares this machine's 2 cores with the broker, Redis and the
 publisher, so more instances here measure contention, not capacity; the
@@ -35,6 +38,7 @@ FENCES = os.path.join(ROOT, "config/fences.geojson")
 ap = argparse.ArgumentParser()
 ap.add_argument("--vehicles", type=int, default=500)
 ap.add_argument("--rounds", type=int, default=5)
+ap.add_argument("--only", help="one configuration, backend:instances (e.g. redis:3)")
 args = ap.parse_args()
 
 tmp = tempfile.mkdtemp()
@@ -48,7 +52,7 @@ port = free_port()
 conf = os.path.join(tmp, "m.conf")
 open(conf, "w").write(f"listener {port} 127.0.0.1\nallow_anonymous true\nmax_inflight_messages 0\n"
                       "max_queued_messages 0\n")
-broker = subprocess.Popen(["mosquitto", "-c", conf], stderr=subprocess.DEVNULL)
+broker = subprocess.Popen(["mosquitto", "-c", conf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 rport = free_port()
 redis = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(rport), "--save", "",
                           "--appendonly", "yes", "--appendfsync", "everysec", "--dir", tmp],
@@ -57,7 +61,7 @@ wait_port(port)
 wait_port(rport)
 
 
-def config(client_id, backend, shared):
+def config(client_id, backend, group):
     """The example config: no worker cap, a gate that never sheds, 2 shards."""
     mport = free_port()
     cfg = open(os.path.join(ROOT, "config/geogate.toml")).read()
@@ -75,30 +79,46 @@ def config(client_id, backend, shared):
         state = cfg.index("[state]")
         cfg = cfg[:state] + cfg[state:].replace('# urls = ["redis://127.0.0.1:6379"]',
                                                 f'urls = ["redis://127.0.0.1:{rport}"]', 1)
-    if shared:
+    if group:
         cfg = cfg.replace('topics = ["fleet/+/telemetry", "owntracks/+/+"]',
-                          'topics = ["$share/bench/fleet/+/telemetry", "$share/bench/owntracks/+/+"]', 1)
+                          f'topics = ["$share/{group}/fleet/+/telemetry", "$share/{group}/owntracks/+/+"]', 1)
     path = os.path.join(tmp, f"{client_id}.toml")
     open(path, "w").write(cfg)
     return path, mport
 
 
+def start(paths):
+    procs = []
+    for i, (path, mport) in enumerate(paths):
+        err = open(os.path.join(tmp, f"stderr-{os.path.basename(path)}.log"), "a")
+        procs.append((subprocess.Popen([GEOGATE, "run", "--config", path], stdout=subprocess.PIPE,
+                                       stderr=err, text=True), mport))
+    return procs
+
+
+def stop(procs):
+    for proc, _ in procs:
+        proc.terminate()
+    for proc, _ in procs:
+        proc.communicate(timeout=60)
+
+
 def run(backend, instances):
     subprocess.run(["redis-cli", "-p", str(rport), "FLUSHALL"], stdout=subprocess.DEVNULL, check=True)
     stamp = time.time_ns()
-    procs = []
-    for i in range(instances):
-        path, mport = config(f"{backend}-{instances}-{i}-{stamp}", backend, instances > 1)
-        proc = subprocess.Popen([GEOGATE, "run", "--config", path], stdout=subprocess.PIPE,
-                                stderr=subprocess.DEVNULL, text=True)
-        procs.append((proc, mport))
+    # A group of its own: sessions of earlier runs stay subscribed to theirs.
+    group = f"bench{stamp}" if instances > 1 else None
+    paths = [config(f"{backend}-{instances}-{i}-{stamp}", backend, group) for i in range(instances)]
+    procs = start(paths)
     deadline = time.time() + 30
     while any(scrape(m).get("geogate_mqtt_subscribed", 0) < 1 for _, m in procs):
         if time.time() > deadline:
             raise SystemExit("an instance did not subscribe")
         time.sleep(0.05)
-    pub = subprocess.Popen([GEOGATE, "replay", CAPTURE, "--mqtt", f"mqtt://127.0.0.1:{port}", "--speed", "1000"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stop(procs)
+    subprocess.run([GEOGATE, "replay", CAPTURE, "--mqtt", f"mqtt://127.0.0.1:{port}", "--speed", "1000"],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=600)
+    procs = start(paths)
     first = last = None
     out_of_order = 0
     while True:
@@ -113,17 +133,21 @@ def run(backend, instances):
             last = now
             out_of_order = sum(m.get("geogate_fixes_out_of_order_total", 0) for m in ms)
             break
-        if first and now - first > 300:
+        if first and now - first > 120:
+            print(json.dumps({"stalled": [{k: m.get(k, 0) for k in (
+                "geogate_events_received_total", "geogate_events_evaluated_total", "geogate_events_invalid_total",
+                "geogate_fixes_out_of_order_total", "geogate_mqtt_unacked", "geogate_state_redis_errors_total")}
+                for m in ms], "logs": tmp}), flush=True)
             break
         time.sleep(0.005)
-    pub.wait()
-    for proc, _ in procs:
-        proc.terminate()
-        proc.communicate(timeout=60)
+    stop(procs)
     return (round(N / (last - first)) if last else 0), int(out_of_order)
 
 
 configs = [("memory", 1), ("embedded", 1), ("redis", 1), ("redis", 2), ("redis", 3)]
+if args.only:
+    backend, instances = args.only.split(":")
+    configs = [(backend, int(instances))]
 rates = {c: [] for c in configs}
 ooo = {c: [] for c in configs}
 for r in range(args.rounds):
@@ -134,8 +158,9 @@ for r in range(args.rounds):
         print(json.dumps({"round": r + 1, "backend": c[0], "instances": c[1], "rate": rate,
                           "out_of_order": late}), flush=True)
 
-base = statistics.median(rates[("memory", 1)])
-print(f"\n{N} messages; events/s over all instances, median of {args.rounds} rounds [min–max]; ratio to memory")
+base = statistics.median(rates[configs[0]])
+print(f"\n{N} messages; events/s over all instances, median of {args.rounds} rounds [min–max]; "
+      f"ratio to {configs[0][0]} ×{configs[0][1]}")
 for c in configs:
     med = statistics.median(rates[c])
     print(f"{c[0]:9} ×{c[1]}  {med:>9,.0f} [{min(rates[c]):,}–{max(rates[c]):,}]  "
