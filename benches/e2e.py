@@ -28,7 +28,6 @@ Usage: .venv/bin/python benches/e2e.py [--vehicles V] [--phase live|preloaded|bo
 Needs: mosquitto, mosquitto_sub, target/release/geogate, Shapely 2, paho-mqtt.
 """
 import argparse
-import gzip
 import json
 import os
 import subprocess
@@ -36,7 +35,7 @@ import sys
 import tempfile
 import time
 
-from harness import free_port, scrape, wait_port
+from harness import free_port, scrape, start_mosquitto, synth_capture
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GEOGATE = os.path.join(ROOT, "target/release/geogate")
@@ -51,17 +50,8 @@ args = ap.parse_args()
 
 
 tmp = tempfile.mkdtemp()
-CAPTURE = os.path.join(tmp, "capture.ndjson.gz")
-subprocess.run([GEOGATE, "synth", "shift-change", "--vehicles", str(args.vehicles), "--seed", "2", "--out", CAPTURE],
-               stdout=subprocess.DEVNULL, check=True)
-with gzip.open(CAPTURE, "rt") as f:
-    N = sum(1 for _ in f)
-port = free_port()
-conf = os.path.join(tmp, "m.conf")
-open(conf, "w").write(f"listener {port} 127.0.0.1\nallow_anonymous true\nmax_inflight_messages 0\n"
-                      "max_queued_messages 0\nqueue_qos0_messages true\n")
-broker = subprocess.Popen(["mosquitto", "-c", conf], stderr=subprocess.DEVNULL)
-wait_port(port)
+CAPTURE, N = synth_capture(GEOGATE, args.vehicles, tmp)
+broker, port = start_mosquitto(tmp, "queue_qos0_messages true\n")
 
 
 def publish_all():

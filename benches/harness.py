@@ -34,3 +34,28 @@ def scrape(mport):
             name = line.split("{")[0].split(" ")[0]
             out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
+
+
+def synth_capture(geogate, vehicles, tmp):
+    """The synthetic shift change for `vehicles` (seed 2) in `tmp`: (path, messages)."""
+    import gzip
+    import os
+    import subprocess
+    capture = os.path.join(tmp, "capture.ndjson.gz")
+    subprocess.run([geogate, "synth", "shift-change", "--vehicles", str(vehicles), "--seed", "2", "--out", capture],
+                   stdout=subprocess.DEVNULL, check=True)
+    with gzip.open(capture, "rt") as f:
+        return capture, sum(1 for _ in f)
+
+
+def start_mosquitto(tmp, extra=""):
+    """mosquitto on a free loopback port with no inflight or queue limits: (process, port)."""
+    import os
+    import subprocess
+    port = free_port()
+    conf = os.path.join(tmp, "m.conf")
+    open(conf, "w").write(f"listener {port} 127.0.0.1\nallow_anonymous true\nmax_inflight_messages 0\n"
+                          f"max_queued_messages 0\n{extra}")
+    broker = subprocess.Popen(["mosquitto", "-c", conf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_port(port)
+    return broker, port

@@ -18,6 +18,7 @@ use geogate::state::shared::{FixFacts, SharedRules};
 use local_redis::LocalRedis;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::task::JoinSet;
 
 #[path = "support/local_redis.rs"]
 mod local_redis;
@@ -58,6 +59,31 @@ fn facts(rules: &SharedRules, c: usize, g: u64) -> (u32, Vec<FixFacts>) {
         });
     }
     (partition, fixes)
+}
+
+/// `iters` rounds of [`CALLS_IN_FLIGHT`] calls, each round's started by
+/// `spawn_call(calls, call index, generation)` and awaited together.
+fn rounds(
+    runtime: &tokio::runtime::Runtime,
+    iters: u64,
+    generation: &mut u64,
+    spawn_call: impl Fn(&mut JoinSet<()>, usize, u64),
+) -> Duration {
+    let started = Instant::now();
+    for _ in 0..iters {
+        *generation += 1;
+        let g = *generation;
+        runtime.block_on(async {
+            let mut calls = JoinSet::new();
+            for c in 0..CALLS_IN_FLIGHT {
+                spawn_call(&mut calls, c, g);
+            }
+            while let Some(done) = calls.join_next().await {
+                done.expect("call");
+            }
+        });
+    }
+    started.elapsed()
 }
 
 fn clients(c: &mut Criterion) {
@@ -108,59 +134,43 @@ fn clients(c: &mut Criterion) {
     let before = redis.script_stats();
     group.bench_function("redis_rs", |b| {
         b.iter_custom(|iters| {
-            let started = Instant::now();
-            for _ in 0..iters {
-                generation += 1;
-                runtime.block_on(async {
-                    let mut calls = tokio::task::JoinSet::new();
-                    for c in 0..CALLS_IN_FLIGHT {
-                        let (partition, fixes) = facts(&rules, c, generation);
-                        let (rules, mut link) = (rules.clone(), link.clone());
-                        calls.spawn(async move { rules.apply(&mut link, partition, &fixes).await });
-                    }
-                    while let Some(done) = calls.join_next().await {
-                        done.expect("task").expect("apply");
-                    }
+            rounds(&runtime, iters, &mut generation, |calls, c, g| {
+                let (partition, fixes) = facts(&rules, c, g);
+                let (rules, mut link) = (rules.clone(), link.clone());
+                calls.spawn(async move {
+                    rules
+                        .apply(&mut link, partition, &fixes)
+                        .await
+                        .expect("apply");
                 });
-            }
-            started.elapsed()
+            })
         })
     });
     report("redis_rs", before);
     let before = redis.script_stats();
     group.bench_function("fred", |b| {
         b.iter_custom(|iters| {
-            let started = Instant::now();
-            for _ in 0..iters {
-                generation += 1;
-                runtime.block_on(async {
-                    let mut calls = tokio::task::JoinSet::new();
-                    for c in 0..CALLS_IN_FLIGHT {
-                        let (partition, fixes) = facts(&rules, c, generation);
-                        let mut keys = vec![rules.keys.outbox(partition)];
-                        keys.extend(
-                            fixes
-                                .iter()
-                                .map(|f| rules.keys.vehicle(partition, &f.vehicle)),
-                        );
-                        let args = vec![
-                            "256".to_owned(),
-                            "3600000".to_owned(),
-                            serde_json::to_string(&fixes).expect("json"),
-                        ];
-                        let (client, sha) = (fred.clone(), sha.clone());
-                        calls.spawn(async move {
-                            client
-                                .evalsha::<fred::types::Value, _, _, _>(sha, keys, args)
-                                .await
-                        });
-                    }
-                    while let Some(done) = calls.join_next().await {
-                        done.expect("task").expect("evalsha");
-                    }
+            rounds(&runtime, iters, &mut generation, |calls, c, g| {
+                let (partition, fixes) = facts(&rules, c, g);
+                let mut keys = vec![rules.keys.outbox(partition)];
+                keys.extend(
+                    fixes
+                        .iter()
+                        .map(|f| rules.keys.vehicle(partition, &f.vehicle)),
+                );
+                let args = vec![
+                    "256".to_owned(),
+                    "3600000".to_owned(),
+                    serde_json::to_string(&fixes).expect("json"),
+                ];
+                let (client, sha) = (fred.clone(), sha.clone());
+                calls.spawn(async move {
+                    client
+                        .evalsha::<fred::types::Value, _, _, _>(sha, keys, args)
+                        .await
+                        .expect("evalsha");
                 });
-            }
-            started.elapsed()
+            })
         })
     });
     report("fred", before);

@@ -22,7 +22,6 @@ Usage: python3 benches/scale_out.py [--vehicles V] [--rounds R]
 Needs: mosquitto, redis-server, redis-cli, target/release/geogate.
 """
 import argparse
-import gzip
 import json
 import os
 import statistics
@@ -30,7 +29,7 @@ import subprocess
 import tempfile
 import time
 
-from harness import free_port, scrape, wait_port
+from harness import free_port, scrape, start_mosquitto, synth_capture, wait_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GEOGATE = os.path.join(ROOT, "target/release/geogate")
@@ -42,22 +41,12 @@ ap.add_argument("--only", help="one configuration, backend:instances (e.g. redis
 args = ap.parse_args()
 
 tmp = tempfile.mkdtemp()
-CAPTURE = os.path.join(tmp, "capture.ndjson.gz")
-subprocess.run([GEOGATE, "synth", "shift-change", "--vehicles", str(args.vehicles), "--seed", "2", "--out", CAPTURE],
-               stdout=subprocess.DEVNULL, check=True)
-with gzip.open(CAPTURE, "rt") as f:
-    N = sum(1 for _ in f)
-
-port = free_port()
-conf = os.path.join(tmp, "m.conf")
-open(conf, "w").write(f"listener {port} 127.0.0.1\nallow_anonymous true\nmax_inflight_messages 0\n"
-                      "max_queued_messages 0\n")
-broker = subprocess.Popen(["mosquitto", "-c", conf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+CAPTURE, N = synth_capture(GEOGATE, args.vehicles, tmp)
+broker, port = start_mosquitto(tmp, "")
 rport = free_port()
 redis = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(rport), "--save", "",
                           "--appendonly", "yes", "--appendfsync", "everysec", "--dir", tmp],
                          stdout=subprocess.DEVNULL)
-wait_port(port)
 wait_port(rport)
 
 

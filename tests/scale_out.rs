@@ -42,11 +42,6 @@ fn reference(broker: u16, runtime: &tokio::runtime::Runtime) -> Multiset {
     want
 }
 
-/// An instance on the shared subscription with its state in `redis`.
-fn instance(dir: &Path, broker: u16, redis: &Redis, id: &str) -> GeogateProcess {
-    instance_on(dir, broker, &[redis.url()], id)
-}
-
 /// An instance with its state at `urls` (several: a Cluster's seeds).
 fn instance_on(dir: &Path, broker: u16, urls: &[String], id: &str) -> GeogateProcess {
     launch(dir, broker, urls, id, SHARED_TOPICS, 60.0, None)
@@ -97,6 +92,23 @@ fn launch(
     geogate
 }
 
+/// `n` instances on the shared subscription with their state at `urls`,
+/// each in a directory of its own, named `{prefix}-{i}`.
+fn instances(
+    n: usize,
+    broker: u16,
+    urls: &[String],
+    prefix: &str,
+) -> (Vec<GeogateProcess>, Vec<tempfile::TempDir>) {
+    let dirs: Vec<_> = (0..n).map(|_| tempfile::tempdir().unwrap()).collect();
+    let instances = dirs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| instance_on(d.path(), broker, urls, &format!("{prefix}-{i}")))
+        .collect();
+    (instances, dirs)
+}
+
 /// The sum of one metric over `instances`.
 fn sum(instances: &[GeogateProcess], name: &str) -> f64 {
     instances.iter().map(|g| g.metric(name)).sum()
@@ -137,6 +149,49 @@ fn stop_and_collect(
     union
 }
 
+/// Starts publishing the fleet, a fix every `pace`, and waits until the
+/// instances have received `fraction` of it.
+fn stream_under_way(
+    runtime: &tokio::runtime::Runtime,
+    broker: u16,
+    pace: Duration,
+    instances: &[GeogateProcess],
+    fraction: f64,
+) -> tokio::task::JoinHandle<()> {
+    let publishing =
+        runtime.spawn(async move { publish_all(broker, &fleet(0..FIXES), Some(pace)).await });
+    wait_until(60, "the stream under way", || {
+        sum(instances, "geogate_events_received_total") >= fraction * total()
+    });
+    publishing
+}
+
+/// Waits until the files in `dirs` hold `n` lines between them.
+fn wait_delivered(dirs: &[tempfile::TempDir], n: usize) {
+    wait_until(120, "every transition delivered", || {
+        dirs.iter()
+            .map(|d| read_ndjson(&d.path().join("events.ndjson")).len())
+            .sum::<usize>()
+            >= n
+    });
+}
+
+/// The end of a run: the stream published and every transition delivered;
+/// then the instances stop (draining) and the union must be exactly `want`.
+fn finish_exact(
+    runtime: &tokio::runtime::Runtime,
+    publishing: tokio::task::JoinHandle<()>,
+    instances: Vec<GeogateProcess>,
+    dirs: &[tempfile::TempDir],
+    want: &Multiset,
+    what: &str,
+) {
+    runtime.block_on(publishing).unwrap();
+    wait_delivered(dirs, want.len());
+    let union = stop_and_collect(instances, dirs);
+    assert_exactly(&union, want, what);
+}
+
 fn assert_exactly(got: &[serde_json::Value], want: &Multiset, what: &str) {
     let got = multiset(got);
     assert!(
@@ -155,12 +210,7 @@ fn three_instances_together_emit_what_one_does_exactly_once() {
     };
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let want = reference(broker.port, &runtime);
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let instances: Vec<_> = dirs
-        .iter()
-        .enumerate()
-        .map(|(i, d)| instance(d.path(), broker.port, &redis, &format!("scale-{i}")))
-        .collect();
+    let (instances, dirs) = instances(3, broker.port, &[redis.url()], "scale");
     runtime.block_on(publish_all(broker.port, &fleet(0..FIXES), Some(PACE)));
     wait_all_processed(&instances);
     let received: Vec<f64> = instances
@@ -192,21 +242,11 @@ fn a_sigkilled_instance_restarts_and_nothing_is_lost_or_repeated() {
     };
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let want = reference(broker.port, &runtime);
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut instances: Vec<_> = dirs
-        .iter()
-        .enumerate()
-        .map(|(i, d)| instance(d.path(), broker.port, &redis, &format!("kill-{i}")))
-        .collect();
-    let port = broker.port;
+    let (mut instances, dirs) = instances(3, broker.port, &[redis.url()], "kill");
     // Slower than (a): the stream outlasts three restarts, and a fix the
     // victim held when it died comes back to it (on its restart) before
     // that vehicle's next fix is due.
-    let publishing =
-        runtime.spawn(async move { publish_all(port, &fleet(0..FIXES), Some(4 * PACE)).await });
-    wait_until(60, "the stream under way", || {
-        sum(&instances, "geogate_events_received_total") >= 0.1 * total()
-    });
+    let publishing = stream_under_way(&runtime, broker.port, 4 * PACE, &instances, 0.1);
     let victim = &mut instances[1];
     // The first run ran through: it stops cleanly, and each later run
     // stops at a crash point, where the SIGKILL comes.
@@ -220,15 +260,14 @@ fn a_sigkilled_instance_restarts_and_nothing_is_lost_or_repeated() {
             victim.kill();
         }
     }
-    runtime.block_on(publishing).unwrap();
-    wait_until(120, "every transition delivered", || {
-        dirs.iter()
-            .map(|d| read_ndjson(&d.path().join("events.ndjson")).len())
-            .sum::<usize>()
-            >= want.len()
-    });
-    let union = stop_and_collect(instances, &dirs);
-    assert_exactly(&union, &want, "with three SIGKILLs");
+    finish_exact(
+        &runtime,
+        publishing,
+        instances,
+        &dirs,
+        &want,
+        "with three SIGKILLs",
+    );
 }
 
 /// Redis stopped mid-stream for two seconds: the instances hold the fixes
@@ -243,18 +282,8 @@ fn a_redis_outage_holds_work_unacked_and_the_pipeline_resumes_by_itself() {
     };
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let want = reference(broker.port, &runtime);
-    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
-    let instances: Vec<_> = dirs
-        .iter()
-        .enumerate()
-        .map(|(i, d)| instance(d.path(), broker.port, &redis, &format!("outage-{i}")))
-        .collect();
-    let port = broker.port;
-    let publishing =
-        runtime.spawn(async move { publish_all(port, &fleet(0..FIXES), Some(2 * PACE)).await });
-    wait_until(60, "the stream under way", || {
-        sum(&instances, "geogate_events_received_total") >= 0.3 * total()
-    });
+    let (instances, dirs) = instances(2, broker.port, &[redis.url()], "outage");
+    let publishing = stream_under_way(&runtime, broker.port, 2 * PACE, &instances, 0.3);
     redis.stop();
     wait_until(30, "fixes held unacked while Redis is away", || {
         sum(&instances, "geogate_state_redis_errors_total") > 0.0
@@ -268,16 +297,14 @@ fn a_redis_outage_holds_work_unacked_and_the_pipeline_resumes_by_itself() {
         "nothing can be finished while Redis is away"
     );
     redis.start_again();
-    runtime.block_on(publishing).unwrap();
-    wait_all_processed(&instances);
-    wait_until(120, "every transition delivered", || {
-        dirs.iter()
-            .map(|d| read_ndjson(&d.path().join("events.ndjson")).len())
-            .sum::<usize>()
-            >= want.len()
-    });
-    let union = stop_and_collect(instances, &dirs);
-    assert_exactly(&union, &want, "across a Redis outage");
+    finish_exact(
+        &runtime,
+        publishing,
+        instances,
+        &dirs,
+        &want,
+        "across a Redis outage",
+    );
 }
 
 /// (e) The state in a three-master Redis Cluster, one master SIGKILLed
@@ -294,35 +321,22 @@ fn a_cluster_master_restarted_mid_stream_changes_nothing() {
     };
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let want = reference(broker.port, &runtime);
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let urls = cluster.urls();
-    let instances: Vec<_> = dirs
-        .iter()
-        .enumerate()
-        .map(|(i, d)| instance_on(d.path(), broker.port, &urls, &format!("cluster-{i}")))
-        .collect();
-    let port = broker.port;
-    let publishing =
-        runtime.spawn(async move { publish_all(port, &fleet(0..FIXES), Some(2 * PACE)).await });
-    wait_until(60, "the stream under way", || {
-        sum(&instances, "geogate_events_received_total") >= 0.3 * total()
-    });
+    let (instances, dirs) = instances(3, broker.port, &cluster.urls(), "cluster");
+    let publishing = stream_under_way(&runtime, broker.port, 2 * PACE, &instances, 0.3);
     cluster.nodes[2].stop();
     wait_until(30, "calls to the stopped master failing", || {
         sum(&instances, "geogate_state_redis_errors_total") > 0.0
     });
     cluster.nodes[2].start_again();
     cluster.wait_ok();
-    runtime.block_on(publishing).unwrap();
-    wait_all_processed(&instances);
-    wait_until(120, "every transition delivered", || {
-        dirs.iter()
-            .map(|d| read_ndjson(&d.path().join("events.ndjson")).len())
-            .sum::<usize>()
-            >= want.len()
-    });
-    let union = stop_and_collect(instances, &dirs);
-    assert_exactly(&union, &want, "with a master restarted");
+    finish_exact(
+        &runtime,
+        publishing,
+        instances,
+        &dirs,
+        &want,
+        "with a master restarted",
+    );
 }
 
 /// An instance that dies holding outbox entries and never comes back: after

@@ -47,22 +47,12 @@ pub fn read(path: &Path) -> io::Result<Tail> {
     // The last line with a seq: a line someone else appended (or an empty
     // one) must not make the relay start again from seq 1.
     let mut last_seq = None;
-    let mut line_end = Some(end);
-    for _ in 0..LINES_SEARCHED {
-        let Some(end) = line_end else { break };
-        let start = last_newline(&mut file, end)?;
-        let from = start.map_or(0, |s| s + 1);
-        let mut line = vec![0; (end - from) as usize];
-        file.seek(SeekFrom::Start(from))?;
-        file.read_exact(&mut line)?;
-        last_seq = serde_json::from_slice::<serde_json::Value>(&line)
+    each_line_backwards(&mut file, end, LINES_SEARCHED, |line| {
+        last_seq = serde_json::from_slice::<serde_json::Value>(line)
             .ok()
             .and_then(|v| v.get("seq").and_then(serde_json::Value::as_u64));
-        if last_seq.is_some() {
-            break;
-        }
-        line_end = start;
-    }
+        last_seq.is_none()
+    })?;
     Ok(Tail {
         last_seq,
         has_lines: true,
@@ -81,21 +71,16 @@ pub fn recent_ids(path: &Path, n: usize) -> io::Result<std::collections::HashSet
         Err(e) => return Err(e),
     };
     let len = file.metadata()?.len();
-    let mut line_end = last_newline(&mut file, len)?;
-    for _ in 0..n {
-        let Some(end) = line_end else { break };
-        let start = last_newline(&mut file, end)?;
-        let from = start.map_or(0, |s| s + 1);
-        let mut line = vec![0; (end - from) as usize];
-        file.seek(SeekFrom::Start(from))?;
-        file.read_exact(&mut line)?;
-        if let Some(id) = serde_json::from_slice::<serde_json::Value>(&line)
-            .ok()
-            .and_then(|v| v.get("id").and_then(|id| id.as_str().map(str::to_owned)))
-        {
-            ids.insert(id);
-        }
-        line_end = start;
+    if let Some(end) = last_newline(&mut file, len)? {
+        each_line_backwards(&mut file, end, n, |line| {
+            if let Some(id) = serde_json::from_slice::<serde_json::Value>(line)
+                .ok()
+                .and_then(|v| v.get("id").and_then(|id| id.as_str().map(str::to_owned)))
+            {
+                ids.insert(id);
+            }
+            true
+        })?;
     }
     Ok(ids)
 }
@@ -110,6 +95,30 @@ pub fn cut_torn(path: &Path, tail: &Tail) -> io::Result<()> {
     let len = file.metadata()?.len();
     file.set_len(len.saturating_sub(tail.torn_bytes))?;
     file.sync_data()
+}
+
+/// Calls `visit` on up to `n` complete lines, the last first, the last one
+/// ending at the newline at offset `end`, until `visit` returns false.
+fn each_line_backwards(
+    file: &mut File,
+    end: u64,
+    n: usize,
+    mut visit: impl FnMut(&[u8]) -> bool,
+) -> io::Result<()> {
+    let mut line_end = Some(end);
+    for _ in 0..n {
+        let Some(end) = line_end else { break };
+        let start = last_newline(file, end)?;
+        let from = start.map_or(0, |s| s + 1);
+        let mut line = vec![0; (end - from) as usize];
+        file.seek(SeekFrom::Start(from))?;
+        file.read_exact(&mut line)?;
+        if !visit(&line) {
+            break;
+        }
+        line_end = start;
+    }
+    Ok(())
 }
 
 /// Offset of the last `\n` before `before`, reading backwards in chunks.
