@@ -176,3 +176,43 @@ fn run_without_a_config_says_how_to_start_and_the_example_is_valid() {
     let parsed = geogate::geofence::parse_fences(&fences).expect("valid fences");
     assert_eq!(parsed.len(), 11);
 }
+
+/// `--reset-state` with the redis backend is refused, saying why: one
+/// instance never resets state every instance shares.
+#[test]
+fn reset_state_is_refused_for_the_shared_redis_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string("config/geogate.toml").unwrap();
+    let (head, state) = text.split_at(text.find("[state]").unwrap());
+    let state = state
+        .replace("# backend = \"embedded\"", "backend = \"redis\"")
+        .replace(
+            "# urls = [\"redis://127.0.0.1:6379\"]",
+            "urls = [\"redis://127.0.0.1:1\"]",
+        );
+    let config = format!("{head}{state}")
+        .replace(
+            "# path = \"geogate-events.ndjson\"",
+            "path = \"geogate-events.ndjson\"",
+        )
+        .replace(
+            "mqtt = true                     # publish",
+            "mqtt = false # publish",
+        )
+        .replace(
+            "path = \"config/fences.geojson\"",
+            &format!(
+                "path = \"{}/config/fences.geojson\"",
+                env!("CARGO_MANIFEST_DIR")
+            ),
+        );
+    let path = dir.path().join("geogate.toml");
+    std::fs::write(&path, config).unwrap();
+    let out = geogate(&["run", "--config", path.to_str().unwrap(), "--reset-state"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--reset-state") && stderr.contains("\"geogate\""),
+        "{stderr}"
+    );
+}

@@ -401,6 +401,13 @@ fn run(config_path: Option<PathBuf>, embedded_broker: bool, reset_state: bool) -
             return Ok(ExitCode::from(2));
         }
     };
+    if reset_state && config.state.backend == geogate::config::StateBackend::Redis {
+        eprintln!(
+            "--reset-state empties the embedded state file; the redis backend's state is shared by every instance, so it is never reset by one: delete the keys under prefix {:?} in Redis if that is what you mean",
+            config.state.prefix
+        );
+        return Ok(ExitCode::from(2));
+    }
     config.state.reset = reset_state;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
