@@ -274,6 +274,16 @@ fn describe() {
         Unit::Count,
         "Failed calls to the shared state in Redis (backend = redis): the batch stays unacked and is retried."
     );
+    describe_gauge!(
+        "geogate_state_redis_connected",
+        Unit::Count,
+        "1 while the shared state's Redis answers (backend = redis), 0 during an outage."
+    );
+    describe_gauge!(
+        "geogate_state_redis_unavailable_seconds",
+        Unit::Seconds,
+        "Seconds the shared state's Redis has not answered since start (backend = redis)."
+    );
     describe_counter!(
         "geogate_outbox_delivered_total",
         Unit::Count,

@@ -288,6 +288,7 @@ fn a_redis_outage_holds_work_unacked_and_the_pipeline_resumes_by_itself() {
     wait_until(30, "fixes held unacked while Redis is away", || {
         sum(&instances, "geogate_state_redis_errors_total") > 0.0
             && sum(&instances, "geogate_mqtt_unacked") > 0.0
+            && sum(&instances, "geogate_state_redis_connected") == 0.0
     });
     let evaluated_before = sum(&instances, "geogate_events_evaluated_total");
     std::thread::sleep(Duration::from_secs(2));
@@ -297,6 +298,12 @@ fn a_redis_outage_holds_work_unacked_and_the_pipeline_resumes_by_itself() {
         "nothing can be finished while Redis is away"
     );
     redis.start_again();
+    wait_until(30, "the outage over and counted", || {
+        sum(&instances, "geogate_state_redis_connected") == 2.0
+            && instances
+                .iter()
+                .all(|g| g.metric("geogate_state_redis_unavailable_seconds") >= 2.0)
+    });
     finish_exact(
         &runtime,
         publishing,

@@ -72,6 +72,11 @@ impl OutboxConsumer {
         let errors = metrics::counter!("geogate_state_redis_errors_total");
         let delivered = metrics::counter!("geogate_outbox_delivered_total");
         let claimed = metrics::counter!("geogate_outbox_claimed_total");
+        // The consumer calls Redis every pass, busy or idle, so it is the
+        // one that tells whether Redis answers.
+        let connected = metrics::gauge!("geogate_state_redis_connected");
+        let unavailable = metrics::gauge!("geogate_state_redis_unavailable_seconds");
+        let mut failing_since: Option<Instant> = None;
         let mut backoff = Backoff::new();
         // Own pending entries first (id 0), then new ones (>).
         let mut reading_own = vec![true; self.partitions as usize];
@@ -122,10 +127,20 @@ impl OutboxConsumer {
             }
             if let Some(e) = failed {
                 errors.increment(1);
-                tracing::warn!("outbox: {e}; retrying");
+                connected.set(0.0);
+                let now = Instant::now();
+                match failing_since.replace(now) {
+                    Some(since) => unavailable.increment((now - since).as_secs_f64()),
+                    None => tracing::warn!("outbox: {e}; retrying"),
+                }
                 tokio::time::sleep(backoff.step()).await;
                 continue;
             }
+            if let Some(since) = failing_since.take() {
+                unavailable.increment(since.elapsed().as_secs_f64());
+                tracing::info!("outbox: Redis answers again");
+            }
+            connected.set(1.0);
             backoff.reset();
             if moved == 0 {
                 if stopping {
