@@ -1,5 +1,7 @@
 //! The offline commands as a user runs them: `fences check` and `eval`.
 
+mod support;
+
 use std::process::Command;
 
 fn geogate(args: &[&str]) -> std::process::Output {
@@ -182,30 +184,13 @@ fn run_without_a_config_says_how_to_start_and_the_example_is_valid() {
 #[test]
 fn reset_state_is_refused_for_the_shared_redis_state() {
     let dir = tempfile::tempdir().unwrap();
-    let text = std::fs::read_to_string("config/geogate.toml").unwrap();
-    let (head, state) = text.split_at(text.find("[state]").unwrap());
-    let state = state
-        .replace("# backend = \"embedded\"", "backend = \"redis\"")
-        .replace(
-            "# urls = [\"redis://127.0.0.1:6379\"]",
-            "urls = [\"redis://127.0.0.1:1\"]",
-        );
-    let config = format!("{head}{state}")
-        .replace(
-            "# path = \"geogate-events.ndjson\"",
-            "path = \"geogate-events.ndjson\"",
-        )
-        .replace(
-            "mqtt = true                     # publish",
-            "mqtt = false # publish",
-        )
-        .replace(
-            "path = \"config/fences.geojson\"",
-            &format!(
-                "path = \"{}/config/fences.geojson\"",
-                env!("CARGO_MANIFEST_DIR")
-            ),
-        );
+    let config = support::example::with_redis_state("redis://127.0.0.1:1").replace(
+        "path = \"config/fences.geojson\"",
+        &format!(
+            "path = \"{}/config/fences.geojson\"",
+            env!("CARGO_MANIFEST_DIR")
+        ),
+    );
     let path = dir.path().join("geogate.toml");
     std::fs::write(&path, config).unwrap();
     let out = geogate(&["run", "--config", path.to_str().unwrap(), "--reset-state"]);

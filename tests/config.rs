@@ -1,5 +1,7 @@
 //! Config validation reports every problem at once, each with its field.
 
+mod support;
+
 use geogate::config::{Config, ConfigError};
 
 #[test]
@@ -162,25 +164,7 @@ fn the_global_allowance_is_checked_and_names_its_field() {
 /// named.
 #[test]
 fn the_redis_state_backend_is_checked_and_names_its_field() {
-    let text = std::fs::read_to_string("config/geogate.toml").unwrap();
-    // Only the [state] section's commented keys are switched on.
-    let (head, state) = text.split_at(text.find("[state]").unwrap());
-    let state = state
-        .replace("# backend = \"embedded\"", "backend = \"redis\"")
-        .replace(
-            "# urls = [\"redis://127.0.0.1:6379\"]",
-            "urls = [\"redis://127.0.0.1:6379\"]",
-        )
-        .replace("# partitions = 16", "partitions = 16");
-    let redis = format!("{head}{state}")
-        .replace(
-            "# path = \"geogate-events.ndjson\"",
-            "path = \"geogate-events.ndjson\"",
-        )
-        .replace(
-            "mqtt = true                     # publish",
-            "mqtt = false # publish",
-        );
+    let redis = support::example::with_redis_state("redis://127.0.0.1:6379");
     let config = Config::parse(&redis).expect("the documented redis backend is valid");
     assert_eq!(config.state.partitions, 16);
     let bad = redis

@@ -201,17 +201,41 @@ fn assert_exactly(got: &[serde_json::Value], want: &Multiset, what: &str) {
     );
 }
 
-/// (a) Three instances, the fleet spread among them by the broker.
-#[test]
-fn three_instances_together_emit_what_one_does_exactly_once() {
-    let _serial = exclusive();
+/// What each single-node test starts with: its turn on the machine, the
+/// servers, a runtime, and the uninterrupted run to compare with.
+struct Servers {
+    _serial: std::sync::MutexGuard<'static, ()>,
+    broker: support::Mosquitto,
+    redis: Redis,
+    runtime: tokio::runtime::Runtime,
+    want: Multiset,
+}
+
+fn servers() -> Option<Servers> {
+    let serial = exclusive();
     let (Some(broker), Some(redis)) = (support::Mosquitto::start(), Redis::start()) else {
-        return;
+        return None;
     };
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let want = reference(broker.port, &runtime);
-    let (instances, dirs) = instances(3, broker.port, &[redis.url()], "scale");
-    runtime.block_on(publish_all(broker.port, &fleet(0..FIXES), Some(PACE)));
+    Some(Servers {
+        _serial: serial,
+        broker,
+        redis,
+        runtime,
+        want,
+    })
+}
+
+/// (a) Three instances, the fleet spread among them by the broker.
+#[test]
+fn three_instances_together_emit_what_one_does_exactly_once() {
+    let Some(s) = servers() else {
+        return;
+    };
+    let (instances, dirs) = instances(3, s.broker.port, &[s.redis.url()], "scale");
+    s.runtime
+        .block_on(publish_all(s.broker.port, &fleet(0..FIXES), Some(PACE)));
     wait_all_processed(&instances);
     let received: Vec<f64> = instances
         .iter()
@@ -226,7 +250,7 @@ fn three_instances_together_emit_what_one_does_exactly_once() {
         .map(|d| read_ndjson(&d.path().join("events.ndjson")).len())
         .collect();
     let union = stop_and_collect(instances, &dirs);
-    assert_exactly(&union, &want, "three instances");
+    assert_exactly(&union, &s.want, "three instances");
     eprintln!("received per instance {received:?}, lines per file (before stopping) {files:?}");
 }
 
@@ -236,17 +260,14 @@ fn three_instances_together_emit_what_one_does_exactly_once() {
 /// from the outbox but not written; written but not acked to the outbox.
 #[test]
 fn a_sigkilled_instance_restarts_and_nothing_is_lost_or_repeated() {
-    let _serial = exclusive();
-    let (Some(broker), Some(redis)) = (support::Mosquitto::start(), Redis::start()) else {
+    let Some(s) = servers() else {
         return;
     };
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let want = reference(broker.port, &runtime);
-    let (mut instances, dirs) = instances(3, broker.port, &[redis.url()], "kill");
+    let (mut instances, dirs) = instances(3, s.broker.port, &[s.redis.url()], "kill");
     // Slower than (a): the stream outlasts three restarts, and a fix the
     // victim held when it died comes back to it (on its restart) before
     // that vehicle's next fix is due.
-    let publishing = stream_under_way(&runtime, broker.port, 4 * PACE, &instances, 0.1);
+    let publishing = stream_under_way(&s.runtime, s.broker.port, 4 * PACE, &instances, 0.1);
     let victim = &mut instances[1];
     // The first run ran through: it stops cleanly, and each later run
     // stops at a crash point, where the SIGKILL comes.
@@ -261,11 +282,11 @@ fn a_sigkilled_instance_restarts_and_nothing_is_lost_or_repeated() {
         }
     }
     finish_exact(
-        &runtime,
+        &s.runtime,
         publishing,
         instances,
         &dirs,
-        &want,
+        &s.want,
         "with three SIGKILLs",
     );
 }
@@ -276,15 +297,12 @@ fn a_sigkilled_instance_restarts_and_nothing_is_lost_or_repeated() {
 /// delivered exactly once, without a restart.
 #[test]
 fn a_redis_outage_holds_work_unacked_and_the_pipeline_resumes_by_itself() {
-    let _serial = exclusive();
-    let (Some(broker), Some(mut redis)) = (support::Mosquitto::start(), Redis::start()) else {
+    let Some(mut s) = servers() else {
         return;
     };
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let want = reference(broker.port, &runtime);
-    let (instances, dirs) = instances(2, broker.port, &[redis.url()], "outage");
-    let publishing = stream_under_way(&runtime, broker.port, 2 * PACE, &instances, 0.3);
-    redis.stop();
+    let (instances, dirs) = instances(2, s.broker.port, &[s.redis.url()], "outage");
+    let publishing = stream_under_way(&s.runtime, s.broker.port, 2 * PACE, &instances, 0.3);
+    s.redis.stop();
     wait_until(30, "fixes held unacked while Redis is away", || {
         sum(&instances, "geogate_state_redis_errors_total") > 0.0
             && sum(&instances, "geogate_mqtt_unacked") > 0.0
@@ -297,7 +315,7 @@ fn a_redis_outage_holds_work_unacked_and_the_pipeline_resumes_by_itself() {
         evaluated_after, evaluated_before,
         "nothing can be finished while Redis is away"
     );
-    redis.start_again();
+    s.redis.start_again();
     wait_until(30, "the outage over and counted", || {
         sum(&instances, "geogate_state_redis_connected") == 2.0
             && instances
@@ -305,11 +323,11 @@ fn a_redis_outage_holds_work_unacked_and_the_pipeline_resumes_by_itself() {
                 .all(|g| g.metric("geogate_state_redis_unavailable_seconds") >= 2.0)
     });
     finish_exact(
-        &runtime,
+        &s.runtime,
         publishing,
         instances,
         &dirs,
-        &want,
+        &s.want,
         "across a Redis outage",
     );
 }
@@ -352,17 +370,14 @@ fn a_cluster_master_restarted_mid_stream_changes_nothing() {
 /// read and not yet written when it is killed.
 #[test]
 fn a_dead_instances_transitions_are_claimed_by_the_others() {
-    let _serial = exclusive();
-    let (Some(broker), Some(redis)) = (support::Mosquitto::start(), Redis::start()) else {
+    let Some(s) = servers() else {
         return;
     };
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let want = reference(broker.port, &runtime);
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let urls = [redis.url()];
+    let urls = [s.redis.url()];
     let mut victim = launch(
         dirs[0].path(),
-        broker.port,
+        s.broker.port,
         &urls,
         "claim-victim",
         r#"topics = ["nothing/+"]"#,
@@ -375,7 +390,7 @@ fn a_dead_instances_transitions_are_claimed_by_the_others() {
         .map(|(i, d)| {
             launch(
                 d.path(),
-                broker.port,
+                s.broker.port,
                 &urls,
                 &format!("claim-{i}"),
                 SHARED_TOPICS,
@@ -384,12 +399,13 @@ fn a_dead_instances_transitions_are_claimed_by_the_others() {
             )
         })
         .collect();
-    let port = broker.port;
-    let publishing =
-        runtime.spawn(async move { publish_all(port, &fleet(0..FIXES), Some(PACE)).await });
+    let port = s.broker.port;
+    let publishing = s
+        .runtime
+        .spawn(async move { publish_all(port, &fleet(0..FIXES), Some(PACE)).await });
     victim.wait_for_crash_point();
     victim.kill();
-    runtime.block_on(publishing).unwrap();
+    s.runtime.block_on(publishing).unwrap();
     wait_all_processed(&others);
     wait_until(
         60,
@@ -404,11 +420,11 @@ fn a_dead_instances_transitions_are_claimed_by_the_others() {
                     .iter()
                     .map(|d| read_ndjson(&d.path().join("events.ndjson")).len())
                     .sum::<usize>()
-                    >= want.len()
+                    >= s.want.len()
         },
     );
     let victim_lines = read_ndjson(&dirs[0].path().join("events.ndjson"));
     let mut union = stop_and_collect(others, &dirs[1..]);
     union.extend(victim_lines);
-    assert_exactly(&union, &want, "after a claim");
+    assert_exactly(&union, &s.want, "after a claim");
 }

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod browser;
+pub mod example;
 pub mod fleet;
 pub mod geogate;
 pub mod proxy;
