@@ -174,14 +174,12 @@ impl FenceIndex {
         } else {
             360.0
         };
-        let mut boxes = vec![(p.x - dlon, p.x + dlon)];
-        if p.x + dlon > 180.0 {
-            boxes.push((-180.0, p.x + dlon - 360.0));
-        }
-        if p.x - dlon < -180.0 {
-            boxes.push((p.x - dlon + 360.0, 180.0));
-        }
-        for (west, east) in boxes {
+        // The box itself, and its parts wrapped past ±180° (if any): an
+        // array, not a Vec, since this runs for every fix.
+        let wrapped_east = (p.x + dlon > 180.0).then_some((-180.0, p.x + dlon - 360.0));
+        let wrapped_west = (p.x - dlon < -180.0).then_some((p.x - dlon + 360.0, 180.0));
+        let boxes = [Some((p.x - dlon, p.x + dlon)), wrapped_east, wrapped_west];
+        for (west, east) in boxes.into_iter().flatten() {
             let probe = AABB::from_corners(
                 [f32_down(west), f32_down(p.y - dlat)],
                 [f32_up(east), f32_up(p.y + dlat)],
