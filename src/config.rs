@@ -694,13 +694,6 @@ impl Config {
                     "the redis backend delivers transitions to this instance's events file; name one".into(),
                 );
             }
-            if self.events.mqtt {
-                problem(
-                    "events.mqtt",
-                    "not yet available with the redis backend: transitions go to the events file"
-                        .into(),
-                );
-            }
         }
         if self.state.backend == StateBackend::Embedded {
             let path = &self.state.path;

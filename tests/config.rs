@@ -159,23 +159,23 @@ fn the_global_allowance_is_checked_and_names_its_field() {
     assert!(err.contains("fail_mode"), "{err}");
 }
 
-/// `[state] backend = "redis"`: the documented keys parse; what it needs
-/// (urls, an events file) and what it cannot do yet (MQTT events) are
-/// named.
+/// `[state] backend = "redis"`: the documented keys parse, with MQTT
+/// events too; what it needs (urls, partitions, an events file) is named.
 #[test]
 fn the_redis_state_backend_is_checked_and_names_its_field() {
     let redis = support::example::with_redis_state("redis://127.0.0.1:6379");
     let config = Config::parse(&redis).expect("the documented redis backend is valid");
     assert_eq!(config.state.partitions, 16);
+    assert!(config.events.mqtt);
     let bad = redis
         .replace("urls = [\"redis://127.0.0.1:6379\"]", "urls = []")
         .replace("partitions = 16", "partitions = 0")
-        .replace("mqtt = false # publish", "mqtt = true # publish");
+        .replace("path = \"geogate-events.ndjson\"", "");
     let Err(ConfigError::Invalid(problems)) = Config::parse(&bad) else {
         panic!("expected an invalid config");
     };
     let fields: Vec<&str> = problems.iter().map(|p| p.field.as_str()).collect();
-    for field in ["state.urls", "state.partitions", "events.mqtt"] {
+    for field in ["state.urls", "state.partitions", "events.path"] {
         assert!(fields.contains(&field), "{field} not in {problems:?}");
     }
 }

@@ -11,7 +11,10 @@ use std::time::Duration;
 use support::fleet::{
     FENCES, FIXES, Multiset, VEHICLES, assert_seqs_gap_free, diff, fleet, multiset,
 };
-use support::geogate::{GeogateProcess, exclusive, publish_all, read_ndjson, setup, wait_until};
+use support::geogate::{
+    END_OF_TEST, GeogateProcess, collect_events_until_end, exclusive, publish_all, read_ndjson,
+    setup, wait_until,
+};
 use support::redis::Redis;
 
 /// Between published fixes: a vehicle's consecutive fixes are then
@@ -42,35 +45,50 @@ fn reference(broker: u16, runtime: &tokio::runtime::Runtime) -> Multiset {
     want
 }
 
-/// An instance with its state at `urls` (several: a Cluster's seeds).
-fn instance_on(dir: &Path, broker: u16, urls: &[String], id: &str) -> GeogateProcess {
-    launch(dir, broker, urls, id, SHARED_TOPICS, 60.0, None)
+/// How an instance takes part.
+#[derive(Clone, Copy)]
+struct Role<'a> {
+    /// The `topics = [...]` line it subscribes with.
+    topics: &'a str,
+    /// After how long it takes over a silent instance's outbox entries.
+    claim_idle_s: f64,
+    /// Where its first run stops.
+    crash_point: Option<&'a str>,
+    /// It also publishes transitions over MQTT.
+    events_mqtt: bool,
 }
 
-/// An instance subscribed with `topics`, taking over a silent instance's
-/// outbox entries after `claim_idle_s`, stopping at `crash_point`.
-fn launch(
-    dir: &Path,
-    broker: u16,
-    urls: &[String],
-    id: &str,
-    topics: &str,
-    claim_idle_s: f64,
-    crash_point: Option<&str>,
-) -> GeogateProcess {
+const MEMBER: Role<'static> = Role {
+    topics: SHARED_TOPICS,
+    claim_idle_s: 60.0,
+    crash_point: None,
+    events_mqtt: false,
+};
+
+/// An instance with its state at `urls` (several: a Cluster's seeds).
+fn instance_on(dir: &Path, broker: u16, urls: &[String], id: &str) -> GeogateProcess {
+    launch(dir, broker, urls, id, MEMBER)
+}
+
+/// An instance in `role` with its state at `urls`.
+fn launch(dir: &Path, broker: u16, urls: &[String], id: &str, role: Role) -> GeogateProcess {
     std::fs::write(dir.join("fences.geojson"), FENCES).unwrap();
     let urls: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
     let state = format!(
-        "[state]\nbackend = \"redis\"\nurls = [{}]\ncluster = {}\npartitions = 8\nclaim_idle_s = {claim_idle_s}\n",
+        "[state]\nbackend = \"redis\"\nurls = [{}]\ncluster = {}\npartitions = 8\nclaim_idle_s = {}\n",
         urls.join(", "),
-        urls.len() > 1
+        urls.len() > 1,
+        role.claim_idle_s
     );
     let mut geogate = GeogateProcess::launch_with(
         dir,
-        &setup(broker, id, ""),
+        &support::geogate::Setup {
+            events_mqtt: role.events_mqtt,
+            ..setup(broker, id, "")
+        },
         |config| {
             let config =
-                config.replace(r#"topics = ["fleet/+/telemetry", "owntracks/+/+"]"#, topics);
+                config.replace(r#"topics = ["fleet/+/telemetry", "owntracks/+/+"]"#, role.topics);
             // Replace the embedded store's section with the redis one.
             let start = config.find("[state]").expect("a [state] section");
             let end = config[start..]
@@ -80,7 +98,7 @@ fn launch(
         },
         None,
     );
-    match crash_point {
+    match role.crash_point {
         Some(point) => {
             // Started anew with the point set (a kill clears it).
             geogate.kill();
@@ -380,9 +398,12 @@ fn a_dead_instances_transitions_are_claimed_by_the_others() {
         s.broker.port,
         &urls,
         "claim-victim",
-        r#"topics = ["nothing/+"]"#,
-        2.0,
-        Some("outbox.read:3"),
+        Role {
+            topics: r#"topics = ["nothing/+"]"#,
+            claim_idle_s: 2.0,
+            crash_point: Some("outbox.read:3"),
+            ..MEMBER
+        },
     );
     let others: Vec<_> = dirs[1..]
         .iter()
@@ -393,9 +414,10 @@ fn a_dead_instances_transitions_are_claimed_by_the_others() {
                 s.broker.port,
                 &urls,
                 &format!("claim-{i}"),
-                SHARED_TOPICS,
-                2.0,
-                None,
+                Role {
+                    claim_idle_s: 2.0,
+                    ..MEMBER
+                },
             )
         })
         .collect();
@@ -427,4 +449,72 @@ fn a_dead_instances_transitions_are_claimed_by_the_others() {
     let mut union = stop_and_collect(others, &dirs[1..]);
     union.extend(victim_lines);
     assert_exactly(&union, &s.want, "after a claim");
+}
+
+/// Transitions over MQTT from three instances, one SIGKILLed after writing
+/// entries to its file and before publishing them, and restarted: every
+/// transition arrives at least once, as the line in the file that holds it,
+/// and nothing else arrives; the files stay exact.
+#[test]
+fn transitions_over_mqtt_arrive_at_least_once_from_the_instances() {
+    let Some(s) = servers() else {
+        return;
+    };
+    let (ready_tx, ready) = tokio::sync::oneshot::channel();
+    let collector = s.runtime.spawn(collect_events_until_end(
+        s.broker.port,
+        "shared-event-collector",
+        ready_tx,
+    ));
+    s.runtime.block_on(ready).expect("collector subscribed");
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let urls = [s.redis.url()];
+    let mut instances: Vec<_> = dirs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let role = Role {
+                events_mqtt: true,
+                ..MEMBER
+            };
+            launch(d.path(), s.broker.port, &urls, &format!("mqtt-{i}"), role)
+        })
+        .collect();
+    let publishing = stream_under_way(&s.runtime, s.broker.port, 4 * PACE, &instances, 0.1);
+    let victim = &mut instances[0];
+    let (ok, stdout) = victim.stop();
+    assert!(ok, "{stdout}");
+    victim.set_crash_point(Some("outbox.written:2"));
+    victim.restart();
+    victim.wait_for_crash_point();
+    victim.kill();
+    victim.set_crash_point(None);
+    victim.restart();
+    finish_exact(
+        &s.runtime,
+        publishing,
+        instances,
+        &dirs,
+        &s.want,
+        "with MQTT on and a SIGKILL",
+    );
+    s.runtime.block_on(publish_all(
+        s.broker.port,
+        &[(END_OF_TEST.to_owned(), b"{}".to_vec())],
+        None,
+    ));
+    let copies = s.runtime.block_on(collector).unwrap();
+    let lines: std::collections::HashMap<String, serde_json::Value> = dirs
+        .iter()
+        .flat_map(|d| read_ndjson(&d.path().join("events.ndjson")))
+        .map(|v| (v["id"].as_str().unwrap_or_default().to_owned(), v))
+        .collect();
+    let mut missing: std::collections::BTreeSet<&String> = lines.keys().collect();
+    for (_, copy) in &copies {
+        let id = copy["id"].as_str().unwrap_or_default().to_owned();
+        assert_eq!(lines.get(&id), Some(copy), "a copy not as in the files");
+        missing.remove(&id);
+    }
+    assert!(missing.is_empty(), "never published: {missing:?}");
+    eprintln!("{} copies of {} transitions", copies.len(), lines.len());
 }

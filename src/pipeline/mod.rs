@@ -209,6 +209,7 @@ pub async fn run(
                 &settings,
                 events,
                 &config.mqtt.client_id,
+                events_connection,
                 deadline_rx.clone(),
             )
             .await?,

@@ -61,10 +61,14 @@ pub fn read(path: &Path) -> io::Result<Tail> {
 }
 
 /// The `id`s on the last `n` complete lines of `path` (a missing file has
-/// none): what a consumer that may have written a transition just before a
-/// crash checks before writing it again.
-pub fn recent_ids(path: &Path, n: usize) -> io::Result<std::collections::HashSet<String>> {
-    let mut ids = std::collections::HashSet::new();
+/// none), each with its line: what a consumer that may have written a
+/// transition just before a crash checks before writing it again, and
+/// publishes again as it was written.
+pub fn recent_ids(
+    path: &Path,
+    n: usize,
+) -> io::Result<std::collections::HashMap<String, Vec<u8>>> {
+    let mut ids = std::collections::HashMap::new();
     let mut file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(ids),
@@ -77,7 +81,7 @@ pub fn recent_ids(path: &Path, n: usize) -> io::Result<std::collections::HashSet
                 .ok()
                 .and_then(|v| v.get("id").and_then(|id| id.as_str().map(str::to_owned)))
             {
-                ids.insert(id);
+                ids.insert(id, line.to_vec());
             }
             true
         })?;

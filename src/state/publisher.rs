@@ -40,6 +40,18 @@ pub struct ConnectionEvents {
     sessions_lost: AtomicU64,
 }
 
+impl ConnectionEvents {
+    /// PubAcks received so far.
+    pub fn acked(&self) -> u64 {
+        self.acked.load(Relaxed)
+    }
+
+    /// New sessions after the first so far.
+    pub fn sessions_lost(&self) -> u64 {
+        self.sessions_lost.load(Relaxed)
+    }
+}
+
 pub struct Publisher {
     client: AsyncClient,
     connection: Arc<ConnectionEvents>,

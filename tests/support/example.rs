@@ -2,7 +2,7 @@
 //! backend, for the tests of that backend's checks.
 
 /// The example with `[state] backend = "redis"` at `url`, 16 partitions,
-/// an events file and no MQTT events (which that backend refuses).
+/// an events file (which that backend needs) and the example's MQTT events.
 pub fn with_redis_state(url: &str) -> String {
     let text = std::fs::read_to_string("config/geogate.toml").expect("example config");
     // Only the [state] section's commented keys are switched on: the
@@ -15,13 +15,8 @@ pub fn with_redis_state(url: &str) -> String {
             &format!("urls = [\"{url}\"]"),
         )
         .replace("# partitions = 16", "partitions = 16");
-    format!("{head}{state}")
-        .replace(
-            "# path = \"geogate-events.ndjson\"",
-            "path = \"geogate-events.ndjson\"",
-        )
-        .replace(
-            "mqtt = true                     # publish",
-            "mqtt = false # publish",
-        )
+    format!("{head}{state}").replace(
+        "# path = \"geogate-events.ndjson\"",
+        "path = \"geogate-events.ndjson\"",
+    )
 }

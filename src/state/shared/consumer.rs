@@ -10,9 +10,14 @@
 //! longer than `claim_idle_s` has its pending entries claimed
 //! (`XAUTOCLAIM`) by a live one, which writes them.
 //!
+//! With `events.mqtt` on, each batch also goes to the broker
+//! ([`super::mqtt_copy`]) after the write and before the ack; an entry the
+//! file already had at start is published again from the file's own line.
+//!
 //! Streams are trimmed to the oldest entry the group still needs.
 
 use super::SharedKeys;
+use super::mqtt_copy::{Copy, MqttCopy};
 use crate::backoff::Backoff;
 use crate::config::FsyncPolicy;
 use crate::geofence::{Transition, TransitionKind};
@@ -22,7 +27,7 @@ use crate::sink::health::{SinkHealth, retry_until};
 use crate::state::outbox::{OutboxEntry, transition_id};
 use redis::AsyncCommands;
 use redis::streams::{StreamAutoClaimOptions, StreamId, StreamReadOptions, StreamReadReply};
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -49,14 +54,16 @@ pub struct OutboxConsumer {
     pub fsync: FsyncPolicy,
     /// Seq for the next line.
     pub next_seq: u64,
-    /// Ids on the file's last lines, checked against this consumer's own
-    /// pending entries once, at start.
-    pub recent: HashSet<String>,
+    /// Ids on the file's last lines, with the line, checked against this
+    /// consumer's own pending entries once, at start.
+    pub recent: HashMap<String, Vec<u8>>,
     pub claim_idle: Duration,
     /// Entries written to the file whose ack has not gone through yet,
     /// by (partition, stream id): never written again, whoever hands
     /// them back (a re-read of the own pending list, a claim).
     pub unacked: std::collections::BTreeSet<(u32, String)>,
+    /// Where transitions also go when `events.mqtt` is on.
+    pub mqtt: Option<MqttCopy>,
 }
 
 impl OutboxConsumer {
@@ -198,6 +205,7 @@ impl OutboxConsumer {
         }
         crate::state::crash_point::reached("outbox.read");
         let mut written = 0;
+        let mut copies = Vec::new();
         for entry in entries {
             if self.unacked.contains(&(p, entry.id.clone())) {
                 // Written already; only its ack is outstanding.
@@ -211,14 +219,25 @@ impl OutboxConsumer {
                 );
                 continue;
             };
-            if self.recent.remove(&transition_id(&t)) {
-                continue;
+            let line = match self.recent.remove(&transition_id(&t)) {
+                // In the file already, but perhaps not at the broker.
+                Some(line) => line,
+                None => {
+                    let mut line = OutboxEntry::new(self.next_seq, &t).line;
+                    line.push(b'\n');
+                    self.file.queue(&line);
+                    self.next_seq += 1;
+                    written += 1;
+                    line.pop();
+                    line
+                }
+            };
+            if self.mqtt.is_some() {
+                copies.push(Copy {
+                    vehicle: t.vehicle.to_string(),
+                    line,
+                });
             }
-            let mut line = OutboxEntry::new(self.next_seq, &t).line;
-            line.push(b'\n');
-            self.file.queue(&line);
-            self.next_seq += 1;
-            written += 1;
         }
         let fsync = self.fsync;
         let file = &mut self.file;
@@ -237,6 +256,14 @@ impl OutboxConsumer {
             return Err(format!("events file {}: not writable", path_of(&self.file)));
         }
         crate::state::crash_point::reached("outbox.written");
+        if let Some(mqtt) = &mut self.mqtt
+            && let Err(e) = mqtt.publish_confirmed(&copies, deadline).await
+        {
+            // Only at the drain deadline: the entries stay pending for
+            // this consumer, and the restart publishes them from the file.
+            tracing::warn!("{e}");
+            return Ok(written);
+        }
         // Written: from here on these entries must be acked, never
         // delivered again, so they are kept until an ack succeeds.
         self.unacked

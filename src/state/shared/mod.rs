@@ -12,6 +12,7 @@
 
 mod applier;
 mod consumer;
+mod mqtt_copy;
 mod script;
 mod stage;
 

@@ -4,6 +4,7 @@
 
 use super::applier::SharedApplier;
 use super::consumer::{GROUP, OutboxConsumer, RECENT_LINES};
+use super::mqtt_copy::MqttCopy;
 use super::{SharedRules, SharedStateError};
 use crate::config::StateConfig;
 use crate::geofence::{EvaluatorSettings, FenceIndex};
@@ -31,6 +32,7 @@ impl SharedStage {
         settings: &EvaluatorSettings,
         events: &Path,
         consumer_name: &str,
+        events_connection: Option<(rumqttc::MqttOptions, rumqttc::NetworkOptions)>,
         deadline: watch::Receiver<Option<Instant>>,
     ) -> Result<Self, StateError> {
         let shared = |e: SharedStateError| StateError::Shared(e.to_string());
@@ -80,6 +82,7 @@ impl SharedStage {
             recent,
             claim_idle: Duration::from_secs_f64(config.claim_idle_s),
             unacked: Default::default(),
+            mqtt: events_connection.map(|(options, network)| MqttCopy::connect(options, network)),
         };
         tracing::info!(
             "state in redis {} (prefix {}, {} partitions); this instance delivers as {consumer_name}",
