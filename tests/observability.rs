@@ -61,14 +61,19 @@ fn scalar(port: u16, expr: &str) -> Option<f64> {
         .ok()
 }
 
-fn start_prometheus(binary: &std::path::Path, target_port: u16) -> Prometheus {
+fn start_prometheus(binary: &std::path::Path, target_ports: &[u16]) -> Prometheus {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = support::free_port();
     let rules =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboards/prometheus/alerts.yml");
+    let targets: Vec<String> = target_ports
+        .iter()
+        .map(|p| format!("\"127.0.0.1:{p}\""))
+        .collect();
     let config = format!(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\nscrape_configs:\n  - job_name: geogate\n    static_configs:\n      - targets: [\"127.0.0.1:{target_port}\"]\n",
-        rules.display()
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\nscrape_configs:\n  - job_name: geogate\n    static_configs:\n      - targets: [{}]\n",
+        rules.display(),
+        targets.join(", ")
     );
     std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
     let child = Command::new(binary)
@@ -174,7 +179,32 @@ fn dashboard_and_alerts_work_against_a_real_prometheus() {
         extra_mqtt: "",
     };
     let geogate = GeogateProcess::start(dir.path(), &setup);
-    let prometheus = start_prometheus(&prometheus_bin, geogate.metrics_port);
+    // The shared state's panels need an instance with the redis backend:
+    // one on the same broker that takes no telemetry (the first one's
+    // counts stay the whole stream's).
+    let shared_dir = tempfile::tempdir().unwrap();
+    let shared = GeogateProcess::launch_with(
+        shared_dir.path(),
+        &Setup {
+            embedded: false,
+            client_id: "geogate-prom-shared",
+            gate: "kind = \"token\"\nrate = 1000\nburst = 1000",
+            ..setup
+        },
+        |config| {
+            let config = config.replace(
+                r#"topics = ["fleet/+/telemetry", "owntracks/+/+"]"#,
+                r#"topics = ["nothing/+"]"#,
+            );
+            support::redis::with_shared_state(&config, &[redis.url()], 30.0)
+        },
+        None,
+    );
+    shared.wait_for_log("subscribed", 1);
+    let prometheus = start_prometheus(
+        &prometheus_bin,
+        &[geogate.metrics_port, shared.metrics_port],
+    );
 
     // A burst of pings that crosses the watermark, some High movement
     // through the fences, and a few bad payloads.
@@ -226,7 +256,7 @@ fn dashboard_and_alerts_work_against_a_real_prometheus() {
         }
     }
     let alerts = alert_exprs();
-    assert_eq!(alerts.len(), 10);
+    assert_eq!(alerts.len(), 12);
     for expr in alerts {
         let v = query(prometheus.port, &expr);
         assert_eq!(v["status"], "success", "alert {expr}: {v}");

@@ -73,13 +73,6 @@ fn instance_on(dir: &Path, broker: u16, urls: &[String], id: &str) -> GeogatePro
 /// An instance in `role` with its state at `urls`.
 fn launch(dir: &Path, broker: u16, urls: &[String], id: &str, role: Role) -> GeogateProcess {
     std::fs::write(dir.join("fences.geojson"), FENCES).unwrap();
-    let urls: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
-    let state = format!(
-        "[state]\nbackend = \"redis\"\nurls = [{}]\ncluster = {}\npartitions = 8\nclaim_idle_s = {}\n",
-        urls.join(", "),
-        urls.len() > 1,
-        role.claim_idle_s
-    );
     let mut geogate = GeogateProcess::launch_with(
         dir,
         &support::geogate::Setup {
@@ -87,14 +80,11 @@ fn launch(dir: &Path, broker: u16, urls: &[String], id: &str, role: Role) -> Geo
             ..setup(broker, id, "")
         },
         |config| {
-            let config =
-                config.replace(r#"topics = ["fleet/+/telemetry", "owntracks/+/+"]"#, role.topics);
-            // Replace the embedded store's section with the redis one.
-            let start = config.find("[state]").expect("a [state] section");
-            let end = config[start..]
-                .find("\n[")
-                .map_or(config.len(), |n| start + n + 1);
-            format!("{}{state}{}", &config[..start], &config[end..])
+            let config = config.replace(
+                r#"topics = ["fleet/+/telemetry", "owntracks/+/+"]"#,
+                role.topics,
+            );
+            support::redis::with_shared_state(&config, urls, role.claim_idle_s)
         },
         None,
     );
@@ -517,4 +507,32 @@ fn transitions_over_mqtt_arrive_at_least_once_from_the_instances() {
     }
     assert!(missing.is_empty(), "never published: {missing:?}");
     eprintln!("{} copies of {} transitions", copies.len(), lines.len());
+}
+
+/// Two instances, one reloading a different fence file (SIGHUP) and then
+/// the same one again: each instance's `geogate_fence_sets_live` goes
+/// from 1 to 2 and back, so a rollout's window of disagreement is seen.
+#[test]
+fn instances_with_different_fence_sets_are_counted_until_they_agree() {
+    let _serial = exclusive();
+    let (Some(broker), Some(redis)) = (support::Mosquitto::start(), Redis::start()) else {
+        return;
+    };
+    let (instances, dirs) = instances(2, broker.port, &[redis.url()], "fence-sets");
+    let all_see = |n: f64| {
+        let instances = &instances;
+        move || {
+            instances
+                .iter()
+                .all(|g| g.metric("geogate_fence_sets_live") == n)
+        }
+    };
+    wait_until(30, "both instances registered, agreeing", all_see(1.0));
+    let fence_file = dirs[1].path().join("fences.geojson");
+    std::fs::write(&fence_file, FENCES.replacen("\"A\"", "\"A2\"", 1)).unwrap();
+    instances[1].sighup();
+    wait_until(30, "two fence sets seen by both", all_see(2.0));
+    std::fs::write(&fence_file, FENCES).unwrap();
+    instances[1].sighup();
+    wait_until(30, "one fence set again", all_see(1.0));
 }

@@ -234,7 +234,8 @@ pub fn load_fences_with_warnings(path: &std::path::Path) -> Result<LoadedFences,
     parse_fences_with_warnings(&read_fence_file(path)?)
 }
 
-fn read_fence_file(path: &std::path::Path) -> Result<String, FenceErrors> {
+/// The fence file's text, or why it cannot be read.
+pub fn read_fence_file(path: &std::path::Path) -> Result<String, FenceErrors> {
     std::fs::read_to_string(path).map_err(|e| {
         FenceErrors(vec![FenceDefect {
             index: None,

@@ -20,6 +20,7 @@ pub use evaluator::{
 };
 pub use fences::{
     COORDINATE_NOISE_DEG, Fence, FenceDefect, FenceErrors, FenceSummary, LoadedFences, load_fences,
-    load_fences_with_warnings, parse_fences, parse_fences_with_warnings, summarize,
+    load_fences_with_warnings, parse_fences, parse_fences_with_warnings, read_fence_file,
+    summarize,
 };
 pub use index::{FenceIdx, FenceIndex};

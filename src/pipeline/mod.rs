@@ -16,13 +16,16 @@ use crate::allowance::{GlobalAllowance, RedisTarget, SharedBucket};
 use crate::clock::MonotonicClock;
 use crate::codec::Dedup;
 use crate::config::{Config, StateBackend};
-use crate::geofence::{Evaluator, EvaluatorSettings, FenceErrors, FenceIndex, load_fences};
+use crate::geofence::{
+    Evaluator, EvaluatorSettings, FenceErrors, FenceIndex, parse_fences, read_fence_file,
+};
 use crate::sink::dead_letter::{DeadLetterSink, Recovery};
 use crate::source::Completions;
 use crate::source::mqtt::{self, Acker, IntakeControl, LiveConnection, poll::PollTask};
 use crate::state::StateError;
 use crate::state::commit::ShardCounters;
 use crate::state::shared::SharedStage;
+use crate::state::shared::fence_sets;
 use crate::state::stage::StateStage;
 use accounting::{Accounting, Balance};
 use rumqttc::AsyncClient;
@@ -61,6 +64,9 @@ pub enum PipelineError {
 pub struct FenceReloader {
     path: std::path::PathBuf,
     tx: Arc<watch::Sender<Arc<FenceIndex>>>,
+    /// The loaded set's fingerprint, for instances sharing state.
+    fingerprint: Arc<watch::Sender<String>>,
+    settings: EvaluatorSettings,
 }
 
 impl FenceReloader {
@@ -68,9 +74,12 @@ impl FenceReloader {
     /// index before its next fix; on failure the old fences stay and the
     /// errors are returned (and logged by the caller).
     pub fn reload(&self) -> Result<usize, FenceErrors> {
-        let fences = load_fences(&self.path)?;
+        let text = read_fence_file(&self.path)?;
+        let fences = parse_fences(&text)?;
         let count = fences.len();
         self.tx.send_replace(Arc::new(FenceIndex::new(fences)));
+        self.fingerprint
+            .send_replace(fence_sets::fingerprint(&text, &self.settings));
         Ok(count)
     }
 }
@@ -145,12 +154,23 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
     on_ready: impl FnOnce(FenceReloader, PipelineView),
 ) -> Result<Balance, PipelineError> {
-    let fences = load_fences(&config.fences.path)?;
+    let settings = EvaluatorSettings {
+        hysteresis_m: config.fences.hysteresis_m,
+        dwell_s: config.fences.dwell_s,
+        max_memberships: config.fences.max_memberships,
+        idle_expiry_ms: (config.fences.idle_expiry_s * 1000.0) as i64,
+    };
+    let fence_text = read_fence_file(&config.fences.path)?;
+    let fences = parse_fences(&fence_text)?;
     tracing::info!(fences = fences.len(), "fences loaded");
     let (fence_tx, fence_rx) = watch::channel(Arc::new(FenceIndex::new(fences)));
+    let (fingerprint_tx, fingerprint_rx) =
+        watch::channel(fence_sets::fingerprint(&fence_text, &settings));
     let reloader = FenceReloader {
         path: config.fences.path.clone(),
         tx: Arc::new(fence_tx),
+        fingerprint: Arc::new(fingerprint_tx),
+        settings,
     };
 
     let dl = &config.dead_letter;
@@ -196,12 +216,6 @@ pub async fn run(
     } else {
         None
     };
-    let settings = EvaluatorSettings {
-        hysteresis_m: config.fences.hysteresis_m,
-        dwell_s: config.fences.dwell_s,
-        max_memberships: config.fences.max_memberships,
-        idle_expiry_ms: (config.fences.idle_expiry_s * 1000.0) as i64,
-    };
     let mut stage = match (config.state.backend, config.events.path.as_deref()) {
         (StateBackend::Redis, Some(events)) => Stage::Shared(
             SharedStage::start(
@@ -210,6 +224,7 @@ pub async fn run(
                 events,
                 &config.mqtt.client_id,
                 events_connection,
+                fingerprint_rx,
                 deadline_rx.clone(),
             )
             .await?,

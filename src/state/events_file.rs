@@ -64,10 +64,7 @@ pub fn read(path: &Path) -> io::Result<Tail> {
 /// none), each with its line: what a consumer that may have written a
 /// transition just before a crash checks before writing it again, and
 /// publishes again as it was written.
-pub fn recent_ids(
-    path: &Path,
-    n: usize,
-) -> io::Result<std::collections::HashMap<String, Vec<u8>>> {
+pub fn recent_ids(path: &Path, n: usize) -> io::Result<std::collections::HashMap<String, Vec<u8>>> {
     let mut ids = std::collections::HashMap::new();
     let mut file = match File::open(path) {
         Ok(f) => f,

@@ -182,3 +182,20 @@ impl RedisCluster {
         }
     }
 }
+
+/// A test config (as `GeogateProcess` writes it) with its `[state]` section
+/// switched to the redis backend at `urls` (several: a Cluster's seeds),
+/// 8 partitions, claiming a silent instance's entries after `claim_idle_s`.
+pub fn with_shared_state(config: &str, urls: &[String], claim_idle_s: f64) -> String {
+    let quoted: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
+    let state = format!(
+        "[state]\nbackend = \"redis\"\nurls = [{}]\ncluster = {}\npartitions = 8\nclaim_idle_s = {claim_idle_s}\n",
+        quoted.join(", "),
+        urls.len() > 1,
+    );
+    let start = config.find("[state]").expect("a [state] section");
+    let end = config[start..]
+        .find("\n[")
+        .map_or(config.len(), |n| start + n + 1);
+    format!("{}{state}{}", &config[..start], &config[end..])
+}

@@ -17,6 +17,7 @@
 //! Streams are trimmed to the oldest entry the group still needs.
 
 use super::SharedKeys;
+use super::fence_sets::FenceSets;
 use super::mqtt_copy::{Copy, MqttCopy};
 use crate::backoff::Backoff;
 use crate::config::FsyncPolicy;
@@ -62,15 +63,27 @@ pub struct OutboxConsumer {
     /// by (partition, stream id): never written again, whoever hands
     /// them back (a re-read of the own pending list, a claim).
     pub unacked: std::collections::BTreeSet<(u32, String)>,
+    /// Registers this instance's fence set each housekeeping pass.
+    pub fence_sets: FenceSets,
     /// Where transitions also go when `events.mqtt` is on.
     pub mqtt: Option<MqttCopy>,
 }
 
 impl OutboxConsumer {
     /// Runs until `stop` turns true and a pass finds nothing more to
-    /// deliver, or the drain deadline passes.
+    /// deliver, or the drain deadline passes; then leaves the register of
+    /// fence sets.
     pub async fn run(
         mut self,
+        stop: watch::Receiver<bool>,
+        deadline: watch::Receiver<Option<Instant>>,
+    ) {
+        self.deliver_until(stop, deadline).await;
+        self.fence_sets.leave(&mut self.link).await;
+    }
+
+    async fn deliver_until(
+        &mut self,
         mut stop: watch::Receiver<bool>,
         mut deadline: watch::Receiver<Option<Instant>>,
     ) {
@@ -79,6 +92,10 @@ impl OutboxConsumer {
         let errors = metrics::counter!("geogate_state_redis_errors_total");
         let delivered = metrics::counter!("geogate_outbox_delivered_total");
         let claimed = metrics::counter!("geogate_outbox_claimed_total");
+        // The group's backlog (the same seen from every instance): handed
+        // out and not acked, and not yet handed out.
+        let pending_gauge = metrics::gauge!("geogate_outbox_pending_entries");
+        let lag_gauge = metrics::gauge!("geogate_outbox_lag_entries");
         // The consumer calls Redis every pass, busy or idle, so it is the
         // one that tells whether Redis answers.
         let connected = metrics::gauge!("geogate_state_redis_connected");
@@ -87,7 +104,10 @@ impl OutboxConsumer {
         let mut backoff = Backoff::new();
         // Own pending entries first (id 0), then new ones (>).
         let mut reading_own = vec![true; self.partitions as usize];
-        let mut housekeeping = Instant::now();
+        // The first pass does housekeeping: the fence set registers at once.
+        let mut housekeeping = Instant::now()
+            .checked_sub(HOUSEKEEPING)
+            .unwrap_or_else(Instant::now);
         loop {
             let stopping = *stop.borrow();
             if deadline.borrow().is_some_and(|d| Instant::now() >= d) {
@@ -115,6 +135,10 @@ impl OutboxConsumer {
             }
             if housekeeping.elapsed() >= HOUSEKEEPING {
                 housekeeping = Instant::now();
+                if let Err(e) = self.fence_sets.register(&mut self.link).await {
+                    failed = Some(e);
+                }
+                let mut backlog = Some((0, 0));
                 for p in 0..self.partitions {
                     match self.claim(p).await {
                         Ok(entries) if !entries.is_empty() => {
@@ -127,9 +151,20 @@ impl OutboxConsumer {
                         Ok(_) => {}
                         Err(e) => failed = Some(e),
                     }
-                    if let Err(e) = self.trim(p).await {
-                        failed = Some(e);
+                    match self.trim(p).await {
+                        Ok((pending, lag)) => {
+                            backlog = backlog.map(|(a, b)| (a + pending, b + lag));
+                        }
+                        Err(e) => {
+                            backlog = None;
+                            failed = Some(e);
+                        }
                     }
+                }
+                // Whole only when every partition answered.
+                if let Some((pending, lag)) = backlog {
+                    pending_gauge.set(pending as f64);
+                    lag_gauge.set(lag as f64);
                 }
             }
             if let Some(e) = failed {
@@ -294,8 +329,9 @@ impl OutboxConsumer {
         failure.map_or(Ok(()), Err)
     }
 
-    /// Deletes what every consumer has been given and acked.
-    async fn trim(&mut self, p: u32) -> Result<(), String> {
+    /// Deletes what every consumer has been given and acked; returns the
+    /// group's pending and undelivered (lag) entry counts on `p`.
+    async fn trim(&mut self, p: u32) -> Result<(usize, usize), String> {
         let key = self.keys.outbox(p);
         let groups: redis::streams::StreamInfoGroupsReply = self
             .link
@@ -303,8 +339,9 @@ impl OutboxConsumer {
             .await
             .map_err(|e| e.to_string())?;
         let Some(group) = groups.groups.iter().find(|g| g.name == GROUP) else {
-            return Ok(());
+            return Ok((0, 0));
         };
+        let backlog = (group.pending, group.lag.unwrap_or(0));
         let pending: redis::streams::StreamPendingReply = self
             .link
             .xpending(&key, GROUP)
@@ -323,7 +360,7 @@ impl OutboxConsumer {
             .query_async(&mut self.link)
             .await
             .map_err(|e| e.to_string())?;
-        Ok(())
+        Ok(backlog)
     }
 }
 

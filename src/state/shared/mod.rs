@@ -12,6 +12,7 @@
 
 mod applier;
 mod consumer;
+pub mod fence_sets;
 mod mqtt_copy;
 mod script;
 mod stage;

@@ -4,6 +4,7 @@
 
 use super::applier::SharedApplier;
 use super::consumer::{GROUP, OutboxConsumer, RECENT_LINES};
+use super::fence_sets::FenceSets;
 use super::mqtt_copy::MqttCopy;
 use super::{SharedRules, SharedStateError};
 use crate::config::StateConfig;
@@ -33,6 +34,7 @@ impl SharedStage {
         events: &Path,
         consumer_name: &str,
         events_connection: Option<(rumqttc::MqttOptions, rumqttc::NetworkOptions)>,
+        fence_set: watch::Receiver<String>,
         deadline: watch::Receiver<Option<Instant>>,
     ) -> Result<Self, StateError> {
         let shared = |e: SharedStateError| StateError::Shared(e.to_string());
@@ -81,6 +83,12 @@ impl SharedStage {
             next_seq: tail.last_seq.unwrap_or(0) + 1,
             recent,
             claim_idle: Duration::from_secs_f64(config.claim_idle_s),
+            fence_sets: FenceSets::new(
+                rules.keys.meta("fence_sets"),
+                consumer_name,
+                fence_set,
+                Duration::from_secs_f64(config.claim_idle_s),
+            ),
             unacked: Default::default(),
             mqtt: events_connection.map(|(options, network)| MqttCopy::connect(options, network)),
         };
