@@ -140,9 +140,17 @@ impl Pipeline {
         let mut shared = None;
         if state.backend == StateBackend::Redis {
             shared = Some(
-                SharedStage::start(&state, &settings, &events, "bench", deadline.clone())
-                    .await
-                    .expect("shared state"),
+                SharedStage::start(
+                    &state,
+                    &settings,
+                    &events,
+                    "bench",
+                    None,
+                    watch::channel("bench".to_owned()).1,
+                    deadline.clone(),
+                )
+                .await
+                .expect("shared state"),
             );
         } else {
             local = Some(
