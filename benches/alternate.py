@@ -30,7 +30,11 @@ ap.add_argument("--same-param", action="store_true")
 ap.add_argument("--measurement-time", default="3")
 args = ap.parse_args()
 
-root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target", "criterion")
+# Criterion writes under the target directory, which CARGO_TARGET_DIR moves
+# (a build with other RUSTFLAGS, say).
+root = os.path.join(os.environ.get("CARGO_TARGET_DIR")
+                    or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target"),
+                    "criterion")
 
 
 def estimates():

@@ -295,6 +295,21 @@ fn describe() {
         "Outbox entries taken over from an instance silent for longer than state.claim_idle_s."
     );
     describe_gauge!(
+        "geogate_outbox_pending_entries",
+        Unit::Count,
+        "Outbox entries the consumer group has handed out and not had acked, over all partitions (the same from every instance)."
+    );
+    describe_gauge!(
+        "geogate_outbox_lag_entries",
+        Unit::Count,
+        "Outbox entries not yet handed out to any instance, over all partitions (Redis 7 or later)."
+    );
+    describe_gauge!(
+        "geogate_fence_sets_live",
+        Unit::Count,
+        "Distinct fence sets (fence file and rule settings) among the live instances sharing state; above 1 while a rollout is half done."
+    );
+    describe_gauge!(
         "geogate_state_store_bytes",
         Unit::Bytes,
         "Bytes the state store occupies (file and write-ahead log); 0 for the memory backend."

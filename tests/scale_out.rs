@@ -535,4 +535,15 @@ fn instances_with_different_fence_sets_are_counted_until_they_agree() {
     std::fs::write(&fence_file, FENCES).unwrap();
     instances[1].sighup();
     wait_until(30, "one fence set again", all_see(1.0));
+    // Differing again, the odd one stops cleanly: it leaves the register
+    // at once (not after claim_idle_s, 60 s here).
+    std::fs::write(&fence_file, FENCES.replacen("\"A\"", "\"A2\"", 1)).unwrap();
+    instances[1].sighup();
+    wait_until(30, "two fence sets again", all_see(2.0));
+    let mut instances = instances;
+    let (ok, stdout) = instances[1].stop();
+    assert!(ok, "{stdout}");
+    wait_until(10, "the stopped one gone from the register", || {
+        instances[0].metric("geogate_fence_sets_live") == 1.0
+    });
 }

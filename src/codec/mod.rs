@@ -70,9 +70,11 @@ impl Default for CodecSettings {
     }
 }
 
-/// Every field either format may carry, read in one pass.
+/// Every field either format may carry, read in one pass. Public so the
+/// JSON benchmark (`benches/json.rs`) measures each parser on this very
+/// shape.
 #[derive(Deserialize, Default)]
-struct Wire<'a> {
+pub struct Wire<'a> {
     #[serde(borrow)]
     vehicle: Option<Loose<'a>>,
     #[serde(borrow)]

@@ -61,11 +61,10 @@ pub fn read(path: &Path) -> io::Result<Tail> {
 }
 
 /// The `id`s on the last `n` complete lines of `path` (a missing file has
-/// none), each with its line: what a consumer that may have written a
-/// transition just before a crash checks before writing it again, and
-/// publishes again as it was written.
-pub fn recent_ids(path: &Path, n: usize) -> io::Result<std::collections::HashMap<String, Vec<u8>>> {
-    let mut ids = std::collections::HashMap::new();
+/// none): what a consumer that may have written a transition just before a
+/// crash checks before writing it again.
+pub fn recent_ids(path: &Path, n: usize) -> io::Result<std::collections::HashSet<String>> {
+    let mut ids = std::collections::HashSet::new();
     let mut file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(ids),
@@ -78,12 +77,54 @@ pub fn recent_ids(path: &Path, n: usize) -> io::Result<std::collections::HashMap
                 .ok()
                 .and_then(|v| v.get("id").and_then(|id| id.as_str().map(str::to_owned)))
             {
-                ids.insert(id, line.to_vec());
+                ids.insert(id);
             }
             true
         })?;
     }
     Ok(ids)
+}
+
+/// The lines after seq `after`, oldest first, as outbox entries: what a
+/// publisher that had confirmed up to `after` still has to send. Read from
+/// the end back to the first line at or before `after`, so the cost is what
+/// is left to send.
+pub fn entries_after(
+    path: &Path,
+    after: u64,
+) -> io::Result<Vec<crate::state::outbox::OutboxEntry>> {
+    #[derive(serde::Deserialize)]
+    struct Head<'a> {
+        seq: u64,
+        #[serde(borrow)]
+        vehicle: std::borrow::Cow<'a, str>,
+    }
+    let mut entries = Vec::new();
+    let mut file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(entries),
+        Err(e) => return Err(e),
+    };
+    let len = file.metadata()?.len();
+    if let Some(end) = last_newline(&mut file, len)? {
+        each_line_backwards(&mut file, end, usize::MAX, |line| {
+            // A line without a seq (appended by someone else) is skipped.
+            match serde_json::from_slice::<Head>(line) {
+                Ok(head) if head.seq <= after => false,
+                Ok(head) => {
+                    entries.push(crate::state::outbox::OutboxEntry {
+                        seq: head.seq,
+                        vehicle: head.vehicle.as_ref().into(),
+                        line: line.to_vec(),
+                    });
+                    true
+                }
+                Err(_) => true,
+            }
+        })?;
+    }
+    entries.reverse();
+    Ok(entries)
 }
 
 /// Cuts off the torn last line [`read`] found. Only the process holding

@@ -21,12 +21,13 @@
 use super::commit::Cursors;
 use super::crash_point;
 use super::outbox::OutboxEntry;
-use rumqttc::{AsyncClient, ClientError, Event, Packet, QoS};
+use rumqttc::{AsyncClient, ClientError, Event, MqttOptions, NetworkOptions, Packet, QoS};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
 
 /// Unconfirmed publishes before the publisher waits for the broker;
 /// bounds what a crash makes it send twice.
@@ -34,22 +35,10 @@ const UNCONFIRMED_WINDOW: usize = 1000;
 
 /// What the connection's poll task has seen.
 #[derive(Debug, Default)]
-pub struct ConnectionEvents {
+struct ConnectionEvents {
     acked: AtomicU64,
     /// New sessions after the first: the broker forgot what was in flight.
     sessions_lost: AtomicU64,
-}
-
-impl ConnectionEvents {
-    /// PubAcks received so far.
-    pub fn acked(&self) -> u64 {
-        self.acked.load(Relaxed)
-    }
-
-    /// New sessions after the first so far.
-    pub fn sessions_lost(&self) -> u64 {
-        self.sessions_lost.load(Relaxed)
-    }
 }
 
 pub struct Publisher {
@@ -74,8 +63,29 @@ pub struct Publisher {
 }
 
 impl Publisher {
+    /// Connects (a kept session: across a reconnect the client sends again
+    /// what the broker had not acked) and starts publishing `backlog`, then
+    /// what comes through the returned sender, until it is dropped.
     /// `cursor`: the last seq the broker had confirmed before this start.
-    pub fn new(
+    pub fn spawn(
+        (mut options, network): (MqttOptions, NetworkOptions),
+        cursor: u64,
+        cursors: Arc<Cursors>,
+        deadline: watch::Receiver<Option<Instant>>,
+        done: std::sync::mpsc::Sender<()>,
+        backlog: Vec<OutboxEntry>,
+    ) -> (JoinHandle<()>, mpsc::UnboundedSender<Vec<OutboxEntry>>) {
+        options.set_clean_session(false);
+        let (client, mut eventloop) = AsyncClient::new(options, 10_000);
+        eventloop.set_network_options(network);
+        let events = Arc::new(ConnectionEvents::default());
+        tokio::spawn(drive_connection(eventloop, events.clone()));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let publisher = Self::new(client, events, cursor, cursors, deadline, done);
+        (tokio::spawn(publisher.run(backlog, rx)), tx)
+    }
+
+    fn new(
         client: AsyncClient,
         connection: Arc<ConnectionEvents>,
         cursor: u64,
@@ -101,7 +111,7 @@ impl Publisher {
 
     /// Publishes the recovered backlog, then what the relay hands over,
     /// until it hangs up; then waits (until the drain deadline) for acks.
-    pub async fn run(
+    async fn run(
         mut self,
         backlog: Vec<OutboxEntry>,
         mut rx: mpsc::UnboundedReceiver<Vec<OutboxEntry>>,
@@ -220,7 +230,7 @@ impl Publisher {
 
 /// Polls the publisher's connection: counts the broker's PubAcks and the
 /// sessions it lost.
-pub async fn drive_connection(mut eventloop: rumqttc::EventLoop, events: Arc<ConnectionEvents>) {
+async fn drive_connection(mut eventloop: rumqttc::EventLoop, events: Arc<ConnectionEvents>) {
     let mut connected_before = false;
     loop {
         match eventloop.poll().await {

@@ -3,7 +3,7 @@
 //! relay and, when transitions also go over MQTT, the publisher.
 
 use super::commit::{CommitRequest, Committer, Cursors};
-use super::publisher::{ConnectionEvents, Publisher, drive_connection};
+use super::publisher::Publisher;
 use super::relay::Relay;
 use super::{StateError, open};
 use crate::config::StateConfig;
@@ -12,7 +12,7 @@ use crate::model::VehicleId;
 use crate::pipeline::shard::shard_of;
 use crate::sink::append_file::AppendFile;
 use crate::sink::health::SinkHealth;
-use rumqttc::{AsyncClient, MqttOptions, NetworkOptions};
+use rumqttc::{MqttOptions, NetworkOptions};
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
@@ -84,25 +84,16 @@ impl StateStage {
             None => None,
         };
         let (publisher, to_publisher) = match events_connection {
-            Some((mut options, network)) => {
-                // A kept session: across a reconnect the client sends again
-                // what the broker had not acked (see `publisher`).
-                options.set_clean_session(false);
-                let (client, mut eventloop) = AsyncClient::new(options, 10_000);
-                eventloop.set_network_options(network);
-                let events = Arc::new(ConnectionEvents::default());
-                tokio::spawn(drive_connection(eventloop, events.clone()));
-                let (tx, rx) = mpsc::unbounded_channel();
-                let publisher = Publisher::new(
-                    client,
-                    events,
+            Some(connection) => {
+                let (publisher, tx) = Publisher::spawn(
+                    connection,
                     recovered.mqtt_cursor,
                     cursors.clone(),
                     deadline.clone(),
                     done_tx.clone(),
+                    recovered.outbox.clone(),
                 );
-                let backlog = recovered.outbox.clone();
-                (Some(tokio::spawn(publisher.run(backlog, rx))), Some(tx))
+                (Some(publisher), Some(tx))
             }
             None => (None, None),
         };

@@ -578,7 +578,8 @@ pub async fn collect(
 pub const END_OF_TEST: &str = "geogate/events/~end-of-test";
 
 /// Subscribes to geogate's events and keeps every copy with the moment it
-/// arrived, until [`END_OF_TEST`] comes (≤ 60 s; a timeout returns what came).
+/// arrived, until [`END_OF_TEST`] comes, or 60 s pass with no event (a
+/// test may take a while before its events start), or 10 minutes in all.
 pub async fn collect_events_until_end(
     port: u16,
     client_id: &str,
@@ -593,24 +594,31 @@ pub async fn collect_events_until_end(
         .expect("subscribe");
     let mut ready = Some(ready);
     let mut got = Vec::new();
+    const QUIET: Duration = Duration::from_secs(60);
     let run = async {
+        let mut quiet_until = tokio::time::Instant::now() + QUIET;
         loop {
-            match events.poll().await {
-                Ok(Event::Incoming(Packet::SubAck(_))) => {
+            let polled = tokio::time::timeout_at(quiet_until, events.poll()).await;
+            match polled {
+                Err(_) => break,
+                Ok(Ok(Event::Incoming(Packet::SubAck(_)))) => {
                     if let Some(r) = ready.take() {
                         let _ = r.send(());
                     }
                 }
-                Ok(Event::Incoming(Packet::Publish(p))) if p.topic == END_OF_TEST => break,
-                Ok(Event::Incoming(Packet::Publish(p))) => got.push((
-                    std::time::Instant::now(),
-                    serde_json::from_slice(&p.payload).expect("events are JSON"),
-                )),
-                _ => {}
+                Ok(Ok(Event::Incoming(Packet::Publish(p)))) if p.topic == END_OF_TEST => break,
+                Ok(Ok(Event::Incoming(Packet::Publish(p)))) => {
+                    quiet_until = tokio::time::Instant::now() + QUIET;
+                    got.push((
+                        std::time::Instant::now(),
+                        serde_json::from_slice(&p.payload).expect("events are JSON"),
+                    ));
+                }
+                Ok(_) => {}
             }
         }
     };
-    let _ = tokio::time::timeout(Duration::from_secs(60), run).await;
+    let _ = tokio::time::timeout(Duration::from_secs(600), run).await;
     got
 }
 

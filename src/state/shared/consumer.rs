@@ -10,15 +10,13 @@
 //! longer than `claim_idle_s` has its pending entries claimed
 //! (`XAUTOCLAIM`) by a live one, which writes them.
 //!
-//! With `events.mqtt` on, each batch also goes to the broker
-//! ([`super::mqtt_copy`]) after the write and before the ack; an entry the
-//! file already had at start is published again from the file's own line.
+//! With `events.mqtt` on, what was written is also handed to the publisher
+//! (see [`super::mqtt_cursor`]); the broker never holds up the acks here.
 //!
 //! Streams are trimmed to the oldest entry the group still needs.
 
 use super::SharedKeys;
 use super::fence_sets::FenceSets;
-use super::mqtt_copy::{Copy, MqttCopy};
 use crate::backoff::Backoff;
 use crate::config::FsyncPolicy;
 use crate::geofence::{Transition, TransitionKind};
@@ -28,7 +26,7 @@ use crate::sink::health::{SinkHealth, retry_until};
 use crate::state::outbox::{OutboxEntry, transition_id};
 use redis::AsyncCommands;
 use redis::streams::{StreamAutoClaimOptions, StreamId, StreamReadOptions, StreamReadReply};
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -55,9 +53,9 @@ pub struct OutboxConsumer {
     pub fsync: FsyncPolicy,
     /// Seq for the next line.
     pub next_seq: u64,
-    /// Ids on the file's last lines, with the line, checked against this
-    /// consumer's own pending entries once, at start.
-    pub recent: HashMap<String, Vec<u8>>,
+    /// Ids on the file's last lines, checked against this consumer's own
+    /// pending entries once, at start.
+    pub recent: HashSet<String>,
     pub claim_idle: Duration,
     /// Entries written to the file whose ack has not gone through yet,
     /// by (partition, stream id): never written again, whoever hands
@@ -65,14 +63,14 @@ pub struct OutboxConsumer {
     pub unacked: std::collections::BTreeSet<(u32, String)>,
     /// Registers this instance's fence set each housekeeping pass.
     pub fence_sets: FenceSets,
-    /// Where transitions also go when `events.mqtt` is on.
-    pub mqtt: Option<MqttCopy>,
+    /// The publisher, when transitions also go over MQTT.
+    pub publisher: Option<tokio::sync::mpsc::UnboundedSender<Vec<OutboxEntry>>>,
 }
 
 impl OutboxConsumer {
     /// Runs until `stop` turns true and a pass finds nothing more to
     /// deliver, or the drain deadline passes; then leaves the register of
-    /// fence sets.
+    /// fence sets (and hangs up on the publisher).
     pub async fn run(
         mut self,
         stop: watch::Receiver<bool>,
@@ -92,8 +90,6 @@ impl OutboxConsumer {
         let errors = metrics::counter!("geogate_state_redis_errors_total");
         let delivered = metrics::counter!("geogate_outbox_delivered_total");
         let claimed = metrics::counter!("geogate_outbox_claimed_total");
-        // The group's backlog (the same seen from every instance): handed
-        // out and not acked, and not yet handed out.
         let pending_gauge = metrics::gauge!("geogate_outbox_pending_entries");
         let lag_gauge = metrics::gauge!("geogate_outbox_lag_entries");
         // The consumer calls Redis every pass, busy or idle, so it is the
@@ -133,12 +129,12 @@ impl OutboxConsumer {
                     Err(e) => failed = Some(e),
                 }
             }
+            let mut registered = Ok(());
             if housekeeping.elapsed() >= HOUSEKEEPING {
                 housekeeping = Instant::now();
-                if let Err(e) = self.fence_sets.register(&mut self.link).await {
-                    failed = Some(e);
-                }
-                let mut backlog = Some((0, 0));
+                registered = self.fence_sets.register(&mut self.link).await;
+                let mut pending = Some(0);
+                let mut lag = Some(0);
                 for p in 0..self.partitions {
                     match self.claim(p).await {
                         Ok(entries) if !entries.is_empty() => {
@@ -152,19 +148,23 @@ impl OutboxConsumer {
                         Err(e) => failed = Some(e),
                     }
                     match self.trim(p).await {
-                        Ok((pending, lag)) => {
-                            backlog = backlog.map(|(a, b)| (a + pending, b + lag));
+                        Ok(backlog) => {
+                            pending = pending.map(|n| n + backlog.pending);
+                            lag = lag.zip(backlog.lag).map(|(n, m)| n + m);
                         }
                         Err(e) => {
-                            backlog = None;
+                            (pending, lag) = (None, None);
                             failed = Some(e);
                         }
                     }
                 }
-                // Whole only when every partition answered.
-                if let Some((pending, lag)) = backlog {
-                    pending_gauge.set(pending as f64);
-                    lag_gauge.set(lag as f64);
+                // Set only when every partition answered (and, for the
+                // lag, Redis could tell: it cannot before 7.0).
+                if let Some(n) = pending {
+                    pending_gauge.set(n as f64);
+                }
+                if let Some(n) = lag {
+                    lag_gauge.set(n as f64);
                 }
             }
             if let Some(e) = failed {
@@ -177,6 +177,11 @@ impl OutboxConsumer {
                 }
                 tokio::time::sleep(backoff.step()).await;
                 continue;
+            }
+            if let Err(e) = registered {
+                // Redis answers (the pass went through): the register
+                // itself failed. Said, not counted as an outage.
+                tracing::warn!("fence sets: not registered: {e}");
             }
             if let Some(since) = failing_since.take() {
                 unavailable.increment(since.elapsed().as_secs_f64());
@@ -239,8 +244,7 @@ impl OutboxConsumer {
             return Ok(0);
         }
         crate::state::crash_point::reached("outbox.read");
-        let mut written = 0;
-        let mut copies = Vec::new();
+        let mut written = Vec::new();
         for entry in entries {
             if self.unacked.contains(&(p, entry.id.clone())) {
                 // Written already; only its ack is outstanding.
@@ -254,25 +258,14 @@ impl OutboxConsumer {
                 );
                 continue;
             };
-            let line = match self.recent.remove(&transition_id(&t)) {
-                // In the file already, but perhaps not at the broker.
-                Some(line) => line,
-                None => {
-                    let mut line = OutboxEntry::new(self.next_seq, &t).line;
-                    line.push(b'\n');
-                    self.file.queue(&line);
-                    self.next_seq += 1;
-                    written += 1;
-                    line.pop();
-                    line
-                }
-            };
-            if self.mqtt.is_some() {
-                copies.push(Copy {
-                    vehicle: t.vehicle.to_string(),
-                    line,
-                });
+            if self.recent.remove(&transition_id(&t)) {
+                continue;
             }
+            let entry = OutboxEntry::new(self.next_seq, &t);
+            self.file.queue(&entry.line);
+            self.file.queue(b"\n");
+            self.next_seq += 1;
+            written.push(entry);
         }
         let fsync = self.fsync;
         let file = &mut self.file;
@@ -291,20 +284,20 @@ impl OutboxConsumer {
             return Err(format!("events file {}: not writable", path_of(&self.file)));
         }
         crate::state::crash_point::reached("outbox.written");
-        if let Some(mqtt) = &mut self.mqtt
-            && let Err(e) = mqtt.publish_confirmed(&copies, deadline).await
+        let count = written.len() as u64;
+        if let Some(publisher) = &self.publisher
+            && !written.is_empty()
         {
-            // Only at the drain deadline: the entries stay pending for
-            // this consumer, and the restart publishes them from the file.
-            tracing::warn!("{e}");
-            return Ok(written);
+            // The publisher outlives this consumer; a send fails only if
+            // it stopped, and then the cursor brings these back at start.
+            let _ = publisher.send(written);
         }
         // Written: from here on these entries must be acked, never
         // delivered again, so they are kept until an ack succeeds.
         self.unacked
             .extend(entries.iter().map(|e| (p, e.id.clone())));
         self.ack_written().await?;
-        Ok(written)
+        Ok(count)
     }
 
     /// Acks every entry already written, each partition on its own: a
@@ -329,9 +322,9 @@ impl OutboxConsumer {
         failure.map_or(Ok(()), Err)
     }
 
-    /// Deletes what every consumer has been given and acked; returns the
-    /// group's pending and undelivered (lag) entry counts on `p`.
-    async fn trim(&mut self, p: u32) -> Result<(usize, usize), String> {
+    /// Deletes what every consumer has been given and acked; on the way,
+    /// reads the group's backlog on `p`.
+    async fn trim(&mut self, p: u32) -> Result<Backlog, String> {
         let key = self.keys.outbox(p);
         let groups: redis::streams::StreamInfoGroupsReply = self
             .link
@@ -339,9 +332,15 @@ impl OutboxConsumer {
             .await
             .map_err(|e| e.to_string())?;
         let Some(group) = groups.groups.iter().find(|g| g.name == GROUP) else {
-            return Ok((0, 0));
+            return Ok(Backlog {
+                pending: 0,
+                lag: Some(0),
+            });
         };
-        let backlog = (group.pending, group.lag.unwrap_or(0));
+        let backlog = Backlog {
+            pending: group.pending,
+            lag: group.lag,
+        };
         let pending: redis::streams::StreamPendingReply = self
             .link
             .xpending(&key, GROUP)
@@ -362,6 +361,13 @@ impl OutboxConsumer {
             .map_err(|e| e.to_string())?;
         Ok(backlog)
     }
+}
+
+/// A partition's entries the group has handed out and not had acked, and
+/// (Redis ≥ 7) those not yet handed out.
+struct Backlog {
+    pending: usize,
+    lag: Option<usize>,
 }
 
 fn path_of(file: &AppendFile) -> String {

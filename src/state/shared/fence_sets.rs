@@ -22,8 +22,11 @@ pub fn fingerprint(fence_text: &str, settings: &crate::geofence::EvaluatorSettin
     h.update(fence_text.as_bytes());
     h.update(
         format!(
-            "|{}|{}|{}",
-            settings.hysteresis_m, settings.dwell_s, settings.max_memberships
+            "|{}|{}|{}|{}",
+            settings.hysteresis_m,
+            settings.dwell_s,
+            settings.max_memberships,
+            settings.idle_expiry_ms
         )
         .as_bytes(),
     );

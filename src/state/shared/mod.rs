@@ -13,7 +13,7 @@
 mod applier;
 mod consumer;
 pub mod fence_sets;
-mod mqtt_copy;
+mod mqtt_cursor;
 mod script;
 mod stage;
 

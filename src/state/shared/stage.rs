@@ -5,12 +5,14 @@
 use super::applier::SharedApplier;
 use super::consumer::{GROUP, OutboxConsumer, RECENT_LINES};
 use super::fence_sets::FenceSets;
-use super::mqtt_copy::MqttCopy;
+use super::mqtt_cursor::MqttCursor;
 use super::{SharedRules, SharedStateError};
 use crate::config::StateConfig;
 use crate::geofence::{EvaluatorSettings, FenceIndex};
 use crate::redis_link::RedisLink;
 use crate::sink::append_file::AppendFile;
+use crate::state::commit::Cursors;
+use crate::state::publisher::Publisher;
 use crate::state::{StateError, events_file};
 use std::path::Path;
 use std::sync::Arc;
@@ -23,6 +25,8 @@ pub struct SharedStage {
     link: RedisLink,
     stop: watch::Sender<bool>,
     consumer: JoinHandle<()>,
+    /// With MQTT: the publisher, what keeps its cursor, and that one's stop.
+    mqtt: Option<(JoinHandle<()>, JoinHandle<()>, watch::Sender<bool>)>,
 }
 
 impl SharedStage {
@@ -73,6 +77,46 @@ impl SharedStage {
         let recent = events_file::recent_ids(events, RECENT_LINES).map_err(events_error)?;
         let file = AppendFile::open(events).map_err(events_error)?;
         let (stop, stop_rx) = watch::channel(false);
+        let next_seq = tail.last_seq.unwrap_or(0) + 1;
+        let (publisher, mqtt) = match events_connection {
+            Some(connection) => {
+                let cursor = MqttCursor::beside(events);
+                let confirmed = cursor.load_or_start_at(next_seq - 1).map_err(|source| {
+                    StateError::EventsFile {
+                        path: cursor.path().to_owned(),
+                        source,
+                    }
+                })?;
+                let backlog =
+                    events_file::entries_after(events, confirmed).map_err(events_error)?;
+                if !backlog.is_empty() {
+                    tracing::info!(
+                        "events over MQTT: {} transition(s) in {} after the last confirmed one; sending them again",
+                        backlog.len(),
+                        events.display()
+                    );
+                }
+                let cursors = Arc::new(Cursors {
+                    file: u64::MAX.into(),
+                    mqtt: confirmed.into(),
+                });
+                // Nothing waits for the publisher's `done`: the stage
+                // awaits its task instead.
+                let (done, _) = std::sync::mpsc::channel();
+                let (task, tx) = Publisher::spawn(
+                    connection,
+                    confirmed,
+                    cursors.clone(),
+                    deadline.clone(),
+                    done,
+                    backlog,
+                );
+                let (keeper_stop, keeper_stop_rx) = watch::channel(false);
+                let keeper = tokio::spawn(cursor.keep(cursors, keeper_stop_rx));
+                (Some(tx), Some((task, keeper, keeper_stop)))
+            }
+            None => (None, None),
+        };
         let consumer = OutboxConsumer {
             link: link.clone(),
             keys: rules.keys.clone(),
@@ -80,7 +124,7 @@ impl SharedStage {
             me: consumer_name.to_owned(),
             file,
             fsync: config.fsync,
-            next_seq: tail.last_seq.unwrap_or(0) + 1,
+            next_seq,
             recent,
             claim_idle: Duration::from_secs_f64(config.claim_idle_s),
             fence_sets: FenceSets::new(
@@ -90,7 +134,7 @@ impl SharedStage {
                 Duration::from_secs_f64(config.claim_idle_s),
             ),
             unacked: Default::default(),
-            mqtt: events_connection.map(|(options, network)| MqttCopy::connect(options, network)),
+            publisher,
         };
         tracing::info!(
             "state in redis {} (prefix {}, {} partitions); this instance delivers as {consumer_name}",
@@ -103,6 +147,7 @@ impl SharedStage {
             consumer: tokio::spawn(consumer.run(stop_rx, deadline)),
             link,
             stop,
+            mqtt,
         })
     }
 
@@ -116,5 +161,12 @@ impl SharedStage {
     pub async fn finish(self) {
         let _ = self.stop.send(true);
         let _ = self.consumer.await;
+        // The consumer hung up on the publisher, which waits (until the
+        // deadline) for the broker's acks; then the cursor is kept once more.
+        if let Some((publisher, keeper, stop)) = self.mqtt {
+            let _ = publisher.await;
+            let _ = stop.send(true);
+            let _ = keeper.await;
+        }
     }
 }
