@@ -15,7 +15,8 @@
 //! cursor not yet moved). With the redis backend: `shared.applied` (a
 //! batch applied in Redis, its messages not acked), `outbox.read` (entries
 //! taken from a stream, not yet written), `outbox.written` (lines written,
-//! the entries not yet acked).
+//! the entries not yet acked, nor handed to the publisher), and
+//! `relay.before_mqtt_cursor` as above (the publisher is shared).
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};

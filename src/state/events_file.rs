@@ -65,23 +65,15 @@ pub fn read(path: &Path) -> io::Result<Tail> {
 /// crash checks before writing it again.
 pub fn recent_ids(path: &Path, n: usize) -> io::Result<std::collections::HashSet<String>> {
     let mut ids = std::collections::HashSet::new();
-    let mut file = match File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(ids),
-        Err(e) => return Err(e),
-    };
-    let len = file.metadata()?.len();
-    if let Some(end) = last_newline(&mut file, len)? {
-        each_line_backwards(&mut file, end, n, |line| {
-            if let Some(id) = serde_json::from_slice::<serde_json::Value>(line)
-                .ok()
-                .and_then(|v| v.get("id").and_then(|id| id.as_str().map(str::to_owned)))
-            {
-                ids.insert(id);
-            }
-            true
-        })?;
-    }
+    each_complete_line_backwards(path, n, |line| {
+        if let Some(id) = serde_json::from_slice::<serde_json::Value>(line)
+            .ok()
+            .and_then(|v| v.get("id").and_then(|id| id.as_str().map(str::to_owned)))
+        {
+            ids.insert(id);
+        }
+        true
+    })?;
     Ok(ids)
 }
 
@@ -100,29 +92,21 @@ pub fn entries_after(
         vehicle: std::borrow::Cow<'a, str>,
     }
     let mut entries = Vec::new();
-    let mut file = match File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(entries),
-        Err(e) => return Err(e),
-    };
-    let len = file.metadata()?.len();
-    if let Some(end) = last_newline(&mut file, len)? {
-        each_line_backwards(&mut file, end, usize::MAX, |line| {
-            // A line without a seq (appended by someone else) is skipped.
-            match serde_json::from_slice::<Head>(line) {
-                Ok(head) if head.seq <= after => false,
-                Ok(head) => {
-                    entries.push(crate::state::outbox::OutboxEntry {
-                        seq: head.seq,
-                        vehicle: head.vehicle.as_ref().into(),
-                        line: line.to_vec(),
-                    });
-                    true
-                }
-                Err(_) => true,
+    each_complete_line_backwards(path, usize::MAX, |line| {
+        // A line without a seq (appended by someone else) is skipped.
+        match serde_json::from_slice::<Head>(line) {
+            Ok(head) if head.seq <= after => false,
+            Ok(head) => {
+                entries.push(crate::state::outbox::OutboxEntry {
+                    seq: head.seq,
+                    vehicle: head.vehicle.as_ref().into(),
+                    line: line.to_vec(),
+                });
+                true
             }
-        })?;
-    }
+            Err(_) => true,
+        }
+    })?;
     entries.reverse();
     Ok(entries)
 }
@@ -139,28 +123,76 @@ pub fn cut_torn(path: &Path, tail: &Tail) -> io::Result<()> {
     file.sync_data()
 }
 
+/// [`each_line_backwards`] over the complete lines of the file at `path`
+/// (a missing file has none).
+fn each_complete_line_backwards(
+    path: &Path,
+    n: usize,
+    visit: impl FnMut(&[u8]) -> bool,
+) -> io::Result<()> {
+    let mut file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let len = file.metadata()?.len();
+    match last_newline(&mut file, len)? {
+        Some(end) => each_line_backwards(&mut file, end, n, visit),
+        None => Ok(()),
+    }
+}
+
 /// Calls `visit` on up to `n` complete lines, the last first, the last one
 /// ending at the newline at offset `end`, until `visit` returns false.
+/// Reads backwards in chunks, each byte once (a line longer than a chunk
+/// is put together across chunks).
 fn each_line_backwards(
     file: &mut File,
     end: u64,
     n: usize,
     mut visit: impl FnMut(&[u8]) -> bool,
 ) -> io::Result<()> {
-    let mut line_end = Some(end);
-    for _ in 0..n {
-        let Some(end) = line_end else { break };
-        let start = last_newline(file, end)?;
-        let from = start.map_or(0, |s| s + 1);
-        let mut line = vec![0; (end - from) as usize];
-        file.seek(SeekFrom::Start(from))?;
-        file.read_exact(&mut line)?;
-        if !visit(&line) {
-            break;
+    const CHUNK: u64 = 64 * 1024;
+    let mut buf = vec![0; CHUNK as usize];
+    // The part of the current line already read (from later chunks).
+    let mut carry: Vec<u8> = Vec::new();
+    let mut visited = 0;
+    let mut chunk_end = end;
+    loop {
+        let start = chunk_end.saturating_sub(CHUNK);
+        let chunk = &mut buf[..(chunk_end - start) as usize];
+        file.seek(SeekFrom::Start(start))?;
+        file.read_exact(chunk)?;
+        let mut line_end = chunk.len();
+        while let Some(nl) = chunk[..line_end].iter().rposition(|&b| b == b'\n') {
+            if visited == n {
+                return Ok(());
+            }
+            visited += 1;
+            let more = if carry.is_empty() {
+                visit(&chunk[nl + 1..line_end])
+            } else {
+                let mut line = chunk[nl + 1..line_end].to_vec();
+                line.append(&mut carry);
+                visit(&line)
+            };
+            if !more {
+                return Ok(());
+            }
+            line_end = nl;
         }
-        line_end = start;
+        let mut head = chunk[..line_end].to_vec();
+        head.append(&mut carry);
+        carry = head;
+        if start == 0 {
+            // The file's first line.
+            if visited < n {
+                visit(&carry);
+            }
+            return Ok(());
+        }
+        chunk_end = start;
     }
-    Ok(())
 }
 
 /// Offset of the last `\n` before `before`, reading backwards in chunks.
@@ -184,6 +216,77 @@ fn last_newline(file: &mut File, before: u64) -> io::Result<Option<u64>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lines_are_read_backwards_whole_across_chunk_edges() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.ndjson");
+        // Short lines, an empty one, and lines longer than a read chunk.
+        let lines: Vec<Vec<u8>> = (0..400)
+            .map(|i: usize| match i % 97 {
+                0 => vec![b'a' + (i % 26) as u8; 150_000 + i],
+                5 => Vec::new(),
+                _ => format!("{{\"seq\":{i}}}").into_bytes(),
+            })
+            .collect();
+        let mut content = lines.join(&b'\n');
+        content.extend_from_slice(b"\ntorn");
+        std::fs::write(&path, &content).unwrap();
+        let mut seen = Vec::new();
+        each_complete_line_backwards(&path, usize::MAX, |line| {
+            seen.push(line.to_vec());
+            true
+        })
+        .unwrap();
+        seen.reverse();
+        assert_eq!(seen, lines);
+        let mut last_three = Vec::new();
+        each_complete_line_backwards(&path, 3, |line| {
+            last_three.push(line.to_vec());
+            true
+        })
+        .unwrap();
+        assert_eq!(last_three, [lines[399].clone(), lines[398].clone(), lines[397].clone()]);
+    }
+
+    #[test]
+    fn entries_after_a_seq_come_oldest_first_skipping_lines_without_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.ndjson");
+        assert!(entries_after(&path, 0).unwrap().is_empty(), "no file");
+        let line = |seq: u64| {
+            format!(
+                r#"{{"id":"i{seq}","seq":{seq},"vehicle":"v{seq}","fence":"A","event":"enter","ts":1}}"#
+            )
+        };
+        let content = format!(
+            "{}\n{}\nnot json\n{}\n{}\n",
+            line(1),
+            line(2),
+            line(3),
+            line(4)
+        );
+        std::fs::write(&path, content).unwrap();
+        let after = |seq| -> Vec<(u64, String, String)> {
+            entries_after(&path, seq)
+                .unwrap()
+                .into_iter()
+                .map(|e| {
+                    (
+                        e.seq,
+                        e.vehicle.to_string(),
+                        String::from_utf8(e.line).unwrap(),
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(
+            after(2),
+            [(3, "v3".into(), line(3)), (4, "v4".into(), line(4))]
+        );
+        assert_eq!(after(0).len(), 4);
+        assert!(after(4).is_empty());
+    }
 
     fn tail_of(content: &[u8]) -> (Tail, Vec<u8>) {
         let dir = tempfile::tempdir().unwrap();

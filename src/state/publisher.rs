@@ -5,7 +5,9 @@
 //! The cursor (the last seq the broker has everything up to) moves only
 //! when the broker has acked every publish handed to the client since it
 //! last moved; until then the entries stay in `unconfirmed` and in the
-//! outbox, so a crash sends them again (same `id`). The connection keeps
+//! outbox (with the redis backend: in the events file after the cursor
+//! file's seq, see `state::shared::mqtt_cursor`), so a crash sends them
+//! again (same `id`). The connection keeps
 //! its session, so across a reconnect the client retransmits what was not
 //! acked and the count of acks stays whole. A broker that lost the session
 //! (a new session after the first) drops those in flight: the publisher
@@ -15,8 +17,8 @@
 //! the window is one publisher step long.
 //!
 //! Waits are bounded by the drain deadline, so a broker that never acks
-//! cannot hold up shutdown: what is unconfirmed then is sent again after
-//! the restart.
+//! cannot hold up shutdown: what is unconfirmed or unsent then is sent
+//! again after the restart.
 
 use super::commit::Cursors;
 use super::crash_point;
@@ -58,6 +60,10 @@ pub struct Publisher {
     cursors: Arc<Cursors>,
     deadline: watch::Receiver<Option<Instant>>,
     skipped: metrics::Counter,
+    /// Set when an entry could not be sent (past the drain deadline, or the
+    /// client stopped): nothing after it is sent either, so `sent_seq`
+    /// never passes an entry that was not.
+    gave_up: bool,
     /// Dropped when the publisher stops: the committer waits for that.
     _done: std::sync::mpsc::Sender<()>,
 }
@@ -105,6 +111,7 @@ impl Publisher {
             cursors,
             deadline,
             skipped: metrics::counter!("geogate_events_publish_skipped_total"),
+            gave_up: false,
             _done: done,
         }
     }
@@ -142,11 +149,16 @@ impl Publisher {
         // Acks for the last batch have usually come in by now.
         self.confirm().await;
         for e in entries {
+            if self.gave_up {
+                return;
+            }
             if e.seq <= self.sent_seq {
                 continue;
             }
             if self.unconfirmed.len() >= UNCONFIRMED_WINDOW && !self.wait_confirmed().await {
-                // Past the drain deadline: the rest waits in the outbox.
+                // Past the drain deadline: this and the rest are sent
+                // after the restart.
+                self.gave_up = true;
                 return;
             }
             if e.vehicle.contains(['+', '#']) {
@@ -162,6 +174,7 @@ impl Publisher {
                 self.unconfirmed.push_back(e.clone());
             } else {
                 tracing::warn!("events over MQTT: the client has stopped");
+                self.gave_up = true;
                 return;
             }
             self.sent_seq = e.seq;

@@ -77,6 +77,8 @@ impl OutboxConsumer {
         deadline: watch::Receiver<Option<Instant>>,
     ) {
         self.deliver_until(stop, deadline).await;
+        // Hung up first: the publisher starts its final wait for acks.
+        self.publisher = None;
         self.fence_sets.leave(&mut self.link).await;
     }
 
@@ -287,10 +289,14 @@ impl OutboxConsumer {
         let count = written.len() as u64;
         if let Some(publisher) = &self.publisher
             && !written.is_empty()
+            && publisher.send(written).is_err()
         {
-            // The publisher outlives this consumer; a send fails only if
-            // it stopped, and then the cursor brings these back at start.
-            let _ = publisher.send(written);
+            // The publisher outlives this consumer unless it failed; its
+            // cursor brings these back at the next start.
+            tracing::error!(
+                "events over MQTT: the publisher has stopped; transitions go to the events file only until a restart"
+            );
+            self.publisher = None;
         }
         // Written: from here on these entries must be acked, never
         // delivered again, so they are kept until an ack succeeds.

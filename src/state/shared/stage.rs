@@ -81,12 +81,7 @@ impl SharedStage {
         let (publisher, mqtt) = match events_connection {
             Some(connection) => {
                 let cursor = MqttCursor::beside(events);
-                let confirmed = cursor.load_or_start_at(next_seq - 1).map_err(|source| {
-                    StateError::EventsFile {
-                        path: cursor.path().to_owned(),
-                        source,
-                    }
-                })?;
+                let confirmed = cursor.load(next_seq - 1).map_err(StateError::Shared)?;
                 let backlog =
                     events_file::entries_after(events, confirmed).map_err(events_error)?;
                 if !backlog.is_empty() {
@@ -112,10 +107,15 @@ impl SharedStage {
                     backlog,
                 );
                 let (keeper_stop, keeper_stop_rx) = watch::channel(false);
-                let keeper = tokio::spawn(cursor.keep(cursors, keeper_stop_rx));
+                let keeper = tokio::spawn(cursor.keep(confirmed, cursors, keeper_stop_rx));
                 (Some(tx), Some((task, keeper, keeper_stop)))
             }
-            None => (None, None),
+            None => {
+                MqttCursor::beside(events)
+                    .forget()
+                    .map_err(StateError::Shared)?;
+                (None, None)
+            }
         };
         let consumer = OutboxConsumer {
             link: link.clone(),
