@@ -61,6 +61,12 @@ const PARSERS: [(&str, Parser); 3] = [
 
 fn json(c: &mut Criterion) {
     let sets = sets();
+    eprintln!(
+        "payloads: {} native, {} OwnTracks, {} refused",
+        sets.native.len(),
+        sets.owntracks.len(),
+        sets.refused.len()
+    );
     for (name, set) in [
         ("native", &sets.native),
         ("owntracks", &sets.owntracks),

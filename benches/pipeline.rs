@@ -1,4 +1,4 @@
-//! Decode cost per format, and the in-process pipeline (decode → dedup →
+//! Decode cost per format, and the in-process pipeline (decode lanes → dedup →
 //! admit → bounded channel → evaluate → commit → events file, with metrics
 //! and the dead-letter file) with 1 and 2 shards, against the decode-only
 //! rate on the same payloads: the ceiling for any JSON pipeline. The
@@ -20,6 +20,7 @@ use geogate::pipeline::shard::worker::BatchSink;
 use geogate::pipeline::shard::{Router, ShardInput, WorkerContext, worker};
 use geogate::replay::capture;
 use geogate::sink::dead_letter::DeadLetterSink;
+use geogate::source::intake::Intake;
 use geogate::source::{Completions, Envelope};
 use geogate::state::commit::ShardCounters;
 use geogate::state::shared::SharedStage;
@@ -31,6 +32,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::{mpsc, watch};
+
+/// The allocator the `geogate` binary uses, so the pipeline is measured
+/// as it runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[path = "support/local_redis.rs"]
 mod local_redis;
@@ -84,8 +90,9 @@ struct Pipeline {
 }
 
 impl Pipeline {
-    fn intake(payloads: &[(String, Bytes)]) -> mpsc::Receiver<Envelope> {
-        let (tx, rx) = mpsc::channel(payloads.len());
+    /// The capture in `lanes` intake lanes, as the poll task would leave it.
+    fn intake(payloads: &[(String, Bytes)], lanes: usize) -> Vec<mpsc::Receiver<Envelope>> {
+        let (tx, rx) = Intake::new(lanes, payloads.len());
         let now = Instant::now();
         for (topic, payload) in payloads {
             let item = Envelope {
@@ -95,7 +102,9 @@ impl Pipeline {
                 received_at: now,
                 redelivered: false,
             };
-            tx.try_send(item).expect("intake sized to the capture");
+            tx.try_send(item)
+                .map_err(|_| ())
+                .expect("intake sized to the capture");
         }
         rx
     }
@@ -126,7 +135,7 @@ impl Pipeline {
     /// workers; returns how many were evaluated.
     async fn run(
         &self,
-        intake: mpsc::Receiver<Envelope>,
+        intake: Vec<mpsc::Receiver<Envelope>>,
         shards: usize,
         state: StateConfig,
     ) -> u64 {
@@ -200,6 +209,7 @@ impl Pipeline {
             workers.push(tokio::spawn(worker(rx, evaluator, ctx)));
         }
         let codec = CodecSettings::default();
+        let decoded = geogate::pipeline::decode::start(intake, codec.clone());
         let (dead_letter, _) = DeadLetterSink::open(
             &self.dir.path().join("dead-letter.ndjson"),
             64 << 20,
@@ -219,7 +229,7 @@ impl Pipeline {
         };
         // Spawned, as in `pipeline::run`, so the scheduler treats it alike.
         // Started as `pipeline::run` starts it, on its own thread.
-        let _ = router.spawn(intake).await;
+        let _ = router.spawn(decoded).await;
         let finished = local.map(StateStage::finish);
         for w in workers {
             let _ = w.await;
@@ -259,7 +269,14 @@ fn pipeline(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("runtime");
-    let _ = PrometheusBuilder::new().install_recorder();
+    // Rendered before each iteration, as a scrape would: histogram samples
+    // are kept until then, and a process nobody scrapes only grows.
+    let scrape = PrometheusBuilder::new().install_recorder().ok();
+    let scrape = || {
+        if let Some(handle) = &scrape {
+            black_box(handle.render());
+        }
+    };
     let pipeline = Pipeline {
         index,
         dir: tempfile::tempdir().expect("temp dir"),
@@ -282,6 +299,28 @@ fn pipeline(c: &mut Criterion) {
         ),
         ("redis", StateBackend::Redis, FsyncPolicy::Flush),
     ];
+    // Decode lanes: the pipeline's default (cores − 1: 1 on this 2-core
+    // machine) for every variant, and 2 and 4 beside it.
+    let default_lanes = PipelineConfig::default().decode_lane_count();
+    for lanes in [2, 4] {
+        group.bench_with_input(
+            BenchmarkId::new("pipeline_memory_2_shards_lanes", lanes),
+            &lanes,
+            |b, &lanes| {
+                b.iter_batched(
+                    || {
+                        scrape();
+                        (
+                            Pipeline::intake(&shared, lanes),
+                            pipeline.state(StateBackend::Memory, FsyncPolicy::Flush),
+                        )
+                    },
+                    |(intake, state)| runtime.block_on(pipeline.run(intake, 2, state)),
+                    BatchSize::PerIteration,
+                )
+            },
+        );
+    }
     for shards in [1, 2] {
         for (name, backend, fsync) in backends {
             if backend == StateBackend::Redis && pipeline.redis.is_none() {
@@ -292,7 +331,13 @@ fn pipeline(c: &mut Criterion) {
                 &shards,
                 |b, &shards| {
                     b.iter_batched(
-                        || (Pipeline::intake(&shared), pipeline.state(backend, fsync)),
+                        || {
+                            scrape();
+                            (
+                                Pipeline::intake(&shared, default_lanes),
+                                pipeline.state(backend, fsync),
+                            )
+                        },
                         |(intake, state)| runtime.block_on(pipeline.run(intake, shards, state)),
                         BatchSize::PerIteration,
                     )
@@ -302,8 +347,11 @@ fn pipeline(c: &mut Criterion) {
                 // One more run, counted by Redis itself.
                 let (calls0, usec0) = redis.script_stats();
                 let state = pipeline.state(backend, fsync);
-                let fixes =
-                    runtime.block_on(pipeline.run(Pipeline::intake(&shared), shards, state)) as f64;
+                let fixes = runtime.block_on(pipeline.run(
+                    Pipeline::intake(&shared, default_lanes),
+                    shards,
+                    state,
+                )) as f64;
                 let (calls, usec) = redis.script_stats();
                 let (calls, usec) = (calls - calls0, usec - usec0);
                 eprintln!(

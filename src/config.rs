@@ -228,11 +228,18 @@ pub struct PipelineConfig {
     pub sustained_rate: f64,
     /// How long shutdown may spend draining queues.
     pub drain_deadline_s: f64,
+    /// Decode lanes (tasks decoding payloads beside the router), split by
+    /// topic; 0 means one per available core but the router's.
+    pub decode_lanes: usize,
 }
+
+/// Most decode lanes: more only adds tasks that wait.
+pub const MAX_DECODE_LANES: usize = 64;
 
 impl Default for PipelineConfig {
     fn default() -> Self {
         Self {
+            decode_lanes: 0,
             shards: 0,
             queue_capacity: 4096,
             watermark: crate::admission::watermark::DEFAULT_WATERMARK,
@@ -245,11 +252,25 @@ impl Default for PipelineConfig {
 impl PipelineConfig {
     pub fn shard_count(&self) -> usize {
         if self.shards == 0 {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
+            cores()
         } else {
             self.shards
         }
     }
+
+    /// The router needs a core of its own; on 2 cores, 1 lane measured
+    /// best (BENCHMARKS.md, "Decode lanes").
+    pub fn decode_lane_count(&self) -> usize {
+        if self.decode_lanes == 0 {
+            cores().saturating_sub(1).clamp(1, MAX_DECODE_LANES)
+        } else {
+            self.decode_lanes
+        }
+    }
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -596,6 +617,15 @@ impl Config {
             AdmissionPolicy::new(self.pipeline.watermark, self.pipeline.queue_capacity.max(1))
         {
             problem("pipeline.watermark", e.to_string());
+        }
+        if self.pipeline.decode_lanes > MAX_DECODE_LANES {
+            problem(
+                "pipeline.decode_lanes",
+                format!(
+                    "must be 0 (one per core) to {MAX_DECODE_LANES}, got {}",
+                    self.pipeline.decode_lanes
+                ),
+            );
         }
         if !(self.pipeline.sustained_rate.is_finite() && self.pipeline.sustained_rate >= 0.0) {
             problem(

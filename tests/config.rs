@@ -22,7 +22,8 @@ fn every_problem_is_reported_with_its_field() {
         .replace("# listen = \"127.0.0.1:9464\"", "listen = \"nowhere\"")
         .replace("# dwell_s = 0 ", "dwell_s = -1 ")
         .replace("# subscribe_qos = 1 ", "subscribe_qos = 2 ")
-        .replace("# connect_timeout_s = 10 ", "connect_timeout_s = 0 ");
+        .replace("# connect_timeout_s = 10 ", "connect_timeout_s = 0 ")
+        .replace("# decode_lanes = 0 ", "decode_lanes = 65 ");
     let Err(ConfigError::Invalid(problems)) = Config::parse(&text) else {
         panic!("expected an invalid config");
     };
@@ -35,6 +36,7 @@ fn every_problem_is_reported_with_its_field() {
         "metrics.listen",
         "mqtt.subscribe_qos",
         "mqtt.connect_timeout_s",
+        "pipeline.decode_lanes",
     ] {
         assert!(
             fields.contains(&expected),

@@ -362,3 +362,36 @@ fn out_of_order_fixes_have_their_own_term() {
         (Some("enter"), Some("A"))
     );
 }
+
+/// The fleet published at full speed through 8 decode lanes and through 1:
+/// each vehicle's fixes still apply in order (none `out_of_order`), both
+/// accounts balance, and the transitions are the same, with the same ids.
+#[test]
+fn decode_lanes_keep_each_vehicles_order_and_change_no_transition() {
+    use support::fleet::{FENCES, FIXES, VEHICLES, fleet, multiset};
+    let _serial = support::geogate::exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let run = |lanes: usize| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("fences.geojson"), FENCES).unwrap();
+        let pipeline = format!("decode_lanes = {lanes}");
+        let mut geogate = GeogateProcess::start(
+            dir.path(),
+            &support::geogate::setup(broker.port, &format!("lanes-{lanes}"), &pipeline),
+        );
+        runtime.block_on(publish_all(broker.port, &fleet(0..FIXES), None));
+        geogate.wait_processed((VEHICLES * FIXES) as f64, 60);
+        let (ok, stdout) = geogate.stop();
+        assert!(ok, "{stdout}");
+        let line = support::geogate::accounting_line(&stdout).to_owned();
+        assert!(line.ends_with("(balanced)"), "{lanes} lanes: {line}");
+        assert!(line.contains("out_of_order 0 "), "{lanes} lanes: {line}");
+        multiset(&read_ndjson(&dir.path().join("events.ndjson")))
+    };
+    let one = run(1);
+    assert!(one.len() > 100, "the fleet makes transitions");
+    assert_eq!(run(8), one);
+}

@@ -1,5 +1,6 @@
 //! Wires the live pipeline together and runs it until shutdown:
-//! intake (MQTT) → router (decode, dedup, admission) → shard workers
+//! intake (MQTT, split into lanes by topic) → decode lanes → router (dedup,
+//! admission) → shard workers
 //! (geofences) → event sink, with every refusal in the dead letter and every
 //! message counted (see [`crate::pipeline::accounting`]).
 //!
@@ -9,6 +10,7 @@
 //! finished, flush the sinks, and return the balance.
 
 pub mod accounting;
+pub mod decode;
 pub mod shard;
 
 use crate::admission::{Admission, AdmissionPolicy, GateKind};
@@ -21,6 +23,7 @@ use crate::geofence::{
 };
 use crate::sink::dead_letter::{DeadLetterSink, Recovery};
 use crate::source::Completions;
+use crate::source::intake::Intake;
 use crate::source::mqtt::{self, Acker, IntakeControl, LiveConnection, poll::PollTask};
 use crate::state::StateError;
 use crate::state::commit::ShardCounters;
@@ -244,7 +247,9 @@ pub async fn run(
         mqtt::options(&config.mqtt, &config.mqtt.client_id).map_err(PipelineError::Mqtt)?;
     let (client, mut eventloop) = AsyncClient::new(intake_options, max_unacked * 2 + 64);
     eventloop.set_network_options(mqtt::network_options(&config.mqtt));
-    let (intake_tx, intake_rx) = mpsc::channel(max_unacked.clamp(1, 1024));
+    // The intake holds what it held before it had lanes, split among them.
+    let lanes = config.pipeline.decode_lane_count();
+    let (intake_tx, intake_lanes) = Intake::new(lanes, max_unacked.clamp(1, 1024).div_ceil(lanes));
     let (registrations_tx, registrations_rx) = mpsc::unbounded_channel();
     let (completions, finished_rx) = Completions::channel();
     let live = Arc::new(LiveConnection::default());
@@ -330,7 +335,8 @@ pub async fn run(
         clock,
         deadline: deadline_rx.clone(),
     };
-    let router = router.spawn(intake_rx);
+    let decoded = decode::start(intake_lanes, config.codec.clone());
+    let router = router.spawn(decoded);
     let poll = tokio::spawn(mqtt::poll_loop(PollTask {
         client,
         eventloop,

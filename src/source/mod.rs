@@ -7,6 +7,7 @@
 //! transport (an MQTT PubAck on the right connection, in order) stays
 //! inside the source, so the router and workers never import it.
 
+pub mod intake;
 pub mod mqtt;
 
 use tokio::sync::mpsc;

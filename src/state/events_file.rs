@@ -246,7 +246,10 @@ mod tests {
             true
         })
         .unwrap();
-        assert_eq!(last_three, [lines[399].clone(), lines[398].clone(), lines[397].clone()]);
+        assert_eq!(
+            last_three,
+            [lines[399].clone(), lines[398].clone(), lines[397].clone()]
+        );
     }
 
     #[test]

@@ -1,6 +1,13 @@
 //! The `geogate` command line: argument parsing, output format and exit
 //! codes only; every command's work lives in the library.
 
+/// mimalloc rather than the system allocator: events are allocated on one
+/// thread (decode lanes) and freed on another (shard workers), where
+/// glibc's malloc spent a fifth of the pipeline's time (BENCHMARKS.md,
+/// "Allocator").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use geogate::cli::eval::evaluate_positions;

@@ -1,5 +1,6 @@
-//! The router: decodes, dedups, routes each fix to its shard and applies
-//! the shared admission rule ([`crate::admission::Admission`]). Every
+//! The router: takes decoded messages from the decode lanes
+//! ([`crate::pipeline::decode`]), dedups, routes each fix to its shard and
+//! applies the shared admission rule ([`crate::admission::Admission`]). Every
 //! refusal is written to the dead letter before its message is reported
 //! finished (and so before its ack); a dead letter that cannot be written
 //! is retried with backoff while the message stays unacked.
@@ -12,9 +13,10 @@ use crate::clock::Clock;
 use crate::codec::{self, CodecSettings, Dedup, Reason};
 use crate::model::Priority;
 use crate::pipeline::accounting::Accounting;
+use crate::pipeline::decode::Decoded;
 use crate::sink::dead_letter::{DeadLetter, DeadLetterSink};
 use crate::sink::health::retry_until;
-use crate::source::{AckToken, Completions, Envelope};
+use crate::source::{AckToken, Completions};
 use rumqttc::{AsyncClient, QoS};
 use std::sync::Arc;
 use std::time::Instant;
@@ -70,7 +72,7 @@ impl<C: Clock + 'static> Router<C> {
     /// +12–30% in-process throughput, 1.4 CPUs busy instead of 1.05.
     pub fn spawn(
         self,
-        intake: mpsc::Receiver<Envelope>,
+        intake: mpsc::Receiver<Vec<Decoded>>,
     ) -> tokio::task::JoinHandle<DeadLetterSink> {
         let runtime = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || runtime.block_on(self.run(intake)))
@@ -78,18 +80,25 @@ impl<C: Clock + 'static> Router<C> {
 }
 
 impl<C: Clock> Router<C> {
-    /// Runs until intake closes; returns the dead-letter sink for a final sync.
-    pub async fn run(mut self, mut intake: mpsc::Receiver<Envelope>) -> DeadLetterSink {
+    /// Runs until every decode lane has closed; returns the dead-letter
+    /// sink for a final sync.
+    pub async fn run(mut self, mut intake: mpsc::Receiver<Vec<Decoded>>) -> DeadLetterSink {
         let received = metrics::counter!("geogate_events_received_total");
         let mut since_flush = 0;
-        while let Some(item) = intake.recv().await {
-            // Received = taken from the source: a message still in the
-            // intake channel at a crash was never counted, nor acked.
-            self.accounting.received();
-            received.increment(1);
-            self.route(item).await;
-            since_flush += 1;
-            if intake.is_empty() || since_flush >= BURST {
+        while let Some(batch) = intake.recv().await {
+            for decoded in batch {
+                // Received = taken by the router: a message still in a
+                // decode lane at a crash was never counted, nor acked.
+                self.accounting.received();
+                received.increment(1);
+                self.route_decoded(decoded).await;
+                since_flush += 1;
+                if since_flush >= BURST {
+                    self.flush().await;
+                    since_flush = 0;
+                }
+            }
+            if intake.is_empty() {
                 self.flush().await;
                 since_flush = 0;
             }
@@ -156,10 +165,22 @@ impl<C: Clock> Router<C> {
         self.completions.done(token);
     }
 
-    /// Routes one message; returns the verdict for an admitted fix (for
-    /// tests that compare the live path with the virtual replay).
-    pub(crate) async fn route(&mut self, item: Envelope) -> Option<Verdict> {
-        let decoded = codec::decode(&item.topic, &item.payload, &self.codec).and_then(|t| {
+    /// Decodes and routes one message, as a decode lane and
+    /// [`Self::route_decoded`] would (for tests that compare the live path
+    /// with the virtual replay).
+    #[cfg(test)]
+    pub(crate) async fn route(&mut self, item: crate::source::Envelope) -> Option<Verdict> {
+        let decoded = Decoded::of(item, &self.codec);
+        self.route_decoded(decoded).await
+    }
+
+    /// Routes one decoded message; returns the verdict for an admitted fix.
+    async fn route_decoded(&mut self, decoded: Decoded) -> Option<Verdict> {
+        let Decoded {
+            envelope: item,
+            fix,
+        } = decoded;
+        let decoded = fix.and_then(|t| {
             if self.dedup.first_sighting(&t.vehicle, t.fix_time_ms) {
                 Ok(t)
             } else {
@@ -294,6 +315,7 @@ mod tests {
     use crate::config::FsyncPolicy;
     use crate::replay::capture::CaptureRecord;
     use crate::replay::sim::{SimSettings, simulate_steps};
+    use crate::source::Envelope;
     use proptest::prelude::*;
 
     const T0: i64 = 1_750_000_000_000;

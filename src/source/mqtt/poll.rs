@@ -33,6 +33,7 @@
 
 use super::acker::{ConnectionId, LiveConnection, Registration};
 use crate::backoff::Backoff;
+use crate::source::intake::Intake;
 use crate::source::{AckToken, Envelope};
 use rumqttc::{AsyncClient, Event, EventLoop, Outgoing, Packet, QoS, SubscribeFilter};
 use std::sync::Arc;
@@ -92,7 +93,7 @@ pub struct PollTask {
     pub filters: Vec<SubscribeFilter>,
     /// `host:port`, named in every connect log line.
     pub broker: String,
-    pub intake: mpsc::Sender<Envelope>,
+    pub intake: Intake,
     pub registrations: mpsc::UnboundedSender<Registration>,
     pub live: Arc<LiveConnection>,
     pub phase: watch::Receiver<Phase>,
@@ -126,7 +127,7 @@ impl Subscription {
 
 /// Hands publishes to the pipeline and registers them with the acker.
 struct Handoff {
-    intake: Option<mpsc::Sender<Envelope>>,
+    intake: Option<Intake>,
     registrations: Option<mpsc::UnboundedSender<Registration>>,
     next_token: u64,
     left_for_redelivery: metrics::Counter,
