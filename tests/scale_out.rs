@@ -174,6 +174,22 @@ fn stream_under_way(
     publishing
 }
 
+/// Stops `victim` cleanly, then restarts it once per point in `points`,
+/// each time SIGKILLing it where it stops, and finally restarts it to run
+/// through.
+fn kill_at(victim: &mut GeogateProcess, points: &[&str]) {
+    let (ok, stdout) = victim.stop();
+    assert!(ok, "{stdout}");
+    for point in points {
+        victim.set_crash_point(Some(point));
+        victim.restart();
+        victim.wait_for_crash_point();
+        victim.kill();
+    }
+    victim.set_crash_point(None);
+    victim.restart();
+}
+
 /// Waits until the files in `dirs` hold `n` lines between them.
 fn wait_delivered(dirs: &[tempfile::TempDir], n: usize) {
     wait_until(120, "every transition delivered", || {
@@ -276,19 +292,10 @@ fn a_sigkilled_instance_restarts_and_nothing_is_lost_or_repeated() {
     // victim held when it died comes back to it (on its restart) before
     // that vehicle's next fix is due.
     let publishing = stream_under_way(&s.runtime, s.broker.port, 4 * PACE, &instances, 0.1);
-    let victim = &mut instances[1];
-    // The first run ran through: it stops cleanly, and each later run
-    // stops at a crash point, where the SIGKILL comes.
-    let (ok, stdout) = victim.stop();
-    assert!(ok, "{stdout}");
-    for point in ["shared.applied:2", "outbox.read:2", "outbox.written:2", ""] {
-        victim.set_crash_point((!point.is_empty()).then_some(point));
-        victim.restart();
-        if !point.is_empty() {
-            victim.wait_for_crash_point();
-            victim.kill();
-        }
-    }
+    kill_at(
+        &mut instances[1],
+        &["shared.applied:2", "outbox.read:2", "outbox.written:2"],
+    );
     finish_exact(
         &s.runtime,
         publishing,
@@ -471,15 +478,7 @@ fn transitions_over_mqtt_arrive_at_least_once_from_the_instances() {
         })
         .collect();
     let publishing = stream_under_way(&s.runtime, s.broker.port, 4 * PACE, &instances, 0.1);
-    let victim = &mut instances[0];
-    let (ok, stdout) = victim.stop();
-    assert!(ok, "{stdout}");
-    victim.set_crash_point(Some("outbox.written:2"));
-    victim.restart();
-    victim.wait_for_crash_point();
-    victim.kill();
-    victim.set_crash_point(None);
-    victim.restart();
+    kill_at(&mut instances[0], &["outbox.written:2"]);
     finish_exact(
         &s.runtime,
         publishing,
