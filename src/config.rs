@@ -622,7 +622,7 @@ impl Config {
             problem(
                 "pipeline.decode_lanes",
                 format!(
-                    "must be 0 (one per core) to {MAX_DECODE_LANES}, got {}",
+                    "must be 0 (cores − 1, at least 1) to {MAX_DECODE_LANES}, got {}",
                     self.pipeline.decode_lanes
                 ),
             );
