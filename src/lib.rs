@@ -34,4 +34,5 @@ pub mod replay;
 pub mod report;
 pub mod sink;
 pub mod source;
+pub mod stable_hash;
 pub mod state;

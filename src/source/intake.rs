@@ -31,14 +31,9 @@ impl Intake {
         )
     }
 
-    /// FNV-1a of the topic: the same lane in every run.
+    /// The same lane in every run.
     pub fn lane_of(&self, topic: &str) -> usize {
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in topic.as_bytes() {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        (h % self.lanes.len() as u64) as usize
+        (crate::stable_hash::fnv1a(topic.as_bytes()) % self.lanes.len() as u64) as usize
     }
 
     /// Waits for room in the message's lane: a full lane is how intake

@@ -72,10 +72,10 @@ impl Publisher {
     /// Connects (a kept session: across a reconnect the client sends again
     /// what the broker had not acked) and starts publishing `backlog`, then
     /// what comes through the returned sender, until it is dropped.
-    /// `cursor`: the last seq the broker had confirmed before this start.
+    /// `cursors.mqtt`: the last seq the broker had confirmed before this
+    /// start.
     pub fn spawn(
         (mut options, network): (MqttOptions, NetworkOptions),
-        cursor: u64,
         cursors: Arc<Cursors>,
         deadline: watch::Receiver<Option<Instant>>,
         done: std::sync::mpsc::Sender<()>,
@@ -87,21 +87,10 @@ impl Publisher {
         let events = Arc::new(ConnectionEvents::default());
         tokio::spawn(drive_connection(eventloop, events.clone()));
         let (tx, rx) = mpsc::unbounded_channel();
-        let publisher = Self::new(client, events, cursor, cursors, deadline, done);
-        (tokio::spawn(publisher.run(backlog, rx)), tx)
-    }
-
-    fn new(
-        client: AsyncClient,
-        connection: Arc<ConnectionEvents>,
-        cursor: u64,
-        cursors: Arc<Cursors>,
-        deadline: watch::Receiver<Option<Instant>>,
-        done: std::sync::mpsc::Sender<()>,
-    ) -> Self {
-        Self {
+        let cursor = cursors.mqtt.load(Relaxed);
+        let publisher = Self {
             client,
-            connection,
+            connection: events,
             unconfirmed: VecDeque::new(),
             requested: 0,
             acked_base: 0,
@@ -113,7 +102,8 @@ impl Publisher {
             skipped: metrics::counter!("geogate_events_publish_skipped_total"),
             gave_up: false,
             _done: done,
-        }
+        };
+        (tokio::spawn(publisher.run(backlog, rx)), tx)
     }
 
     /// Publishes the recovered backlog, then what the relay hands over,

@@ -87,7 +87,6 @@ impl StateStage {
             Some(connection) => {
                 let (publisher, tx) = Publisher::spawn(
                     connection,
-                    recovered.mqtt_cursor,
                     cursors.clone(),
                     deadline.clone(),
                     done_tx.clone(),

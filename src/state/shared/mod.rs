@@ -28,12 +28,7 @@ use serde::Serialize;
 /// The partition of `vehicle` among `partitions`: FNV-1a of its bytes, the
 /// same in every instance and every run (no per-process seed).
 pub fn partition_of(vehicle: &str, partitions: u32) -> u32 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in vehicle.as_bytes() {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    (h % u64::from(partitions.max(1))) as u32
+    (crate::stable_hash::fnv1a(vehicle.as_bytes()) % u64::from(partitions.max(1))) as u32
 }
 
 /// Key names under one prefix.

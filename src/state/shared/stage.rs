@@ -98,14 +98,8 @@ impl SharedStage {
                 // Nothing waits for the publisher's `done`: the stage
                 // awaits its task instead.
                 let (done, _) = std::sync::mpsc::channel();
-                let (task, tx) = Publisher::spawn(
-                    connection,
-                    confirmed,
-                    cursors.clone(),
-                    deadline.clone(),
-                    done,
-                    backlog,
-                );
+                let (task, tx) =
+                    Publisher::spawn(connection, cursors.clone(), deadline.clone(), done, backlog);
                 let (keeper_stop, keeper_stop_rx) = watch::channel(false);
                 let keeper = tokio::spawn(cursor.keep(confirmed, cursors, keeper_stop_rx));
                 (Some(tx), Some((task, keeper, keeper_stop)))
