@@ -331,6 +331,49 @@ fn rtree_agrees_with_linear_scan_on_100k_points() {
     );
 }
 
+/// Where the grids could slip: every vertex, points along every edge, and
+/// points a hair off each side of the edges and outside the boxes. The
+/// index (part cells, flat walks, slabs) must answer as the linear scan.
+#[test]
+fn boundary_probes_agree_with_linear_scan() {
+    use geogate::geofence::shape::Part;
+    let (fences, _) = random_fences(77, 1_000, 2, 3_000);
+    let idx = FenceIndex::new(fences);
+    let mut probes = Vec::new();
+    for fence in idx.fences() {
+        for part in &fence.parts {
+            let Part::Polygon(polygon) = part else {
+                continue;
+            };
+            for ring in std::iter::once(&polygon.exterior).chain(&polygon.holes) {
+                for e in ring.coords().windows(2) {
+                    let d = e[1] - e[0];
+                    for t in [0.0, 0.25, 0.5, 0.999] {
+                        let on = e[0] + d * t;
+                        probes.push(on);
+                        for (dx, dy) in [(1e-9, 0.0), (-1e-9, 0.0), (0.0, 1e-9), (0.0, -1e-9)] {
+                            probes.push(on + Coord { x: dx, y: dy });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let (mut fast, mut slow) = (Vec::new(), Vec::new());
+    let mut covered = 0;
+    for p in &probes {
+        idx.containing(*p, &mut fast);
+        idx.containing_linear(*p, &mut slow);
+        assert_eq!(fast, slow, "at {p:?}");
+        covered += usize::from(!fast.is_empty());
+    }
+    assert!(
+        covered > probes.len() / 2,
+        "{covered} of {} probes covered",
+        probes.len()
+    );
+}
+
 #[test]
 fn crowded_spots_agree_with_linear_scan() {
     // 200 fences stacked on one square kilometre among 2,000 spread ones:

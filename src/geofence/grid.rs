@@ -29,18 +29,41 @@ const LISTINGS_PER_ENVELOPE: usize = 16;
 const CROWDED_BIT: u32 = 1 << 31;
 
 /// One envelope as listed in a cell: f32 bounds rounded outward (a
-/// pre-filter only) and the caller's reference.
+/// pre-filter only).
 #[derive(Debug, Clone, Copy)]
-pub struct Listed<R> {
+struct Envelope {
     lo: [f32; 2],
     hi: [f32; 2],
-    pub reference: R,
+}
+
+/// A cell's listings. Envelopes and references are kept in two parallel
+/// arrays so the scan reads only the dense boxes (16 bytes each), and a
+/// reference is loaded only for a box that holds the point.
+pub struct Candidates<'a, R> {
+    envelopes: &'a [Envelope],
+    references: &'a [R],
+}
+
+impl<'a, R> Candidates<'a, R> {
+    /// The references whose envelope holds `(x, y)`.
+    pub fn holding(&self, x: f64, y: f64) -> impl Iterator<Item = &'a R> + use<'a, R> {
+        self.envelopes
+            .iter()
+            .zip(self.references)
+            .filter(move |(envelope, _)| envelope.holds(x, y))
+            .map(|(_, reference)| reference)
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.envelopes.is_empty()
+    }
 }
 
 /// What a cell lookup found.
 pub enum Lookup<'a, R> {
     /// The envelopes that may hold the point (a superset; maybe empty).
-    Candidates(&'a [Listed<R>]),
+    Candidates(Candidates<'a, R>),
     /// Too many envelopes meet this cell: ask the R-tree.
     Crowded,
 }
@@ -52,10 +75,12 @@ pub struct CandidateGrid<R> {
     scale: [f64; 2],
     nx: usize,
     ny: usize,
-    /// Listings of cell `k` are `listed[starts[k]..starts[k + 1]]` (bits
-    /// below [`CROWDED_BIT`]); `starts[k]` carries the bit when crowded.
+    /// Listings of cell `k` are `envelopes[starts[k]..starts[k + 1]]` and
+    /// the same range of `references` (bits below [`CROWDED_BIT`]);
+    /// `starts[k]` carries the bit when crowded.
     starts: Vec<u32>,
-    listed: Vec<Listed<R>>,
+    envelopes: Vec<Envelope>,
+    references: Vec<R>,
 }
 
 impl<R: Copy> CandidateGrid<R> {
@@ -119,7 +144,8 @@ impl<R: Copy> CandidateGrid<R> {
             nx,
             ny,
             starts: Vec::new(),
-            listed: Vec::new(),
+            envelopes: Vec::new(),
+            references: Vec::new(),
         };
         let range = |lo: &[f32; 2], hi: &[f32; 2]| {
             let (x0, y0) = grid.cell_of(f64::from(lo[0]), f64::from(lo[1]));
@@ -155,13 +181,13 @@ impl<R: Copy> CandidateGrid<R> {
             return None;
         }
         let mut fill = counts.clone();
-        let mut listed: Vec<Option<Listed<R>>> = vec![None; total];
+        let mut listed: Vec<Option<(Envelope, R)>> = vec![None; total];
         for &(lo, hi, reference) in envelopes {
             let (x0, y0, x1, y1) = range(&lo, &hi);
             for cy in y0..=y1 {
                 for k in cy * nx + x0..=cy * nx + x1 {
                     if !crowded[k] {
-                        listed[fill[k] as usize] = Some(Listed { lo, hi, reference });
+                        listed[fill[k] as usize] = Some((Envelope { lo, hi }, reference));
                         fill[k] += 1;
                     }
                 }
@@ -173,7 +199,7 @@ impl<R: Copy> CandidateGrid<R> {
             }
         }
         grid.starts = counts;
-        grid.listed = listed.into_iter().flatten().collect();
+        (grid.envelopes, grid.references) = listed.into_iter().flatten().unzip();
         Some(grid)
     }
 
@@ -187,7 +213,10 @@ impl<R: Copy> CandidateGrid<R> {
     /// The listings that may hold `(x, y)`.
     pub fn lookup(&self, x: f64, y: f64) -> Lookup<'_, R> {
         if !(x >= self.min[0] && x <= self.max[0] && y >= self.min[1] && y <= self.max[1]) {
-            return Lookup::Candidates(&[]);
+            return Lookup::Candidates(Candidates {
+                envelopes: &[],
+                references: &[],
+            });
         }
         let (cx, cy) = self.cell_of(x, y);
         let k = cy * self.nx + cx;
@@ -195,12 +224,15 @@ impl<R: Copy> CandidateGrid<R> {
         if start & CROWDED_BIT != 0 {
             return Lookup::Crowded;
         }
-        let end = self.starts[k + 1] & !CROWDED_BIT;
-        Lookup::Candidates(&self.listed[start as usize..end as usize])
+        let range = start as usize..(self.starts[k + 1] & !CROWDED_BIT) as usize;
+        Lookup::Candidates(Candidates {
+            envelopes: &self.envelopes[range.clone()],
+            references: &self.references[range],
+        })
     }
 }
 
-impl<R> Listed<R> {
+impl Envelope {
     /// Whether `(x, y)` lies in the listed envelope (boundary included).
     #[inline]
     pub fn holds(&self, x: f64, y: f64) -> bool {
@@ -233,15 +265,16 @@ mod tests {
                 ((lo[0] + hi[0]) / 2.0, (lo[1] + hi[1]) / 2.0),
             ] {
                 match grid.lookup(f64::from(x), f64::from(y)) {
-                    Lookup::Candidates(c) => {
-                        assert!(c.iter().any(|l| l.reference == id), "{id} at {x},{y}")
-                    }
+                    Lookup::Candidates(c) => assert!(
+                        c.holding(f64::from(x), f64::from(y)).any(|&r| r == id),
+                        "{id} at {x},{y}"
+                    ),
                     Lookup::Crowded => panic!("no cell should be crowded"),
                 }
             }
         }
-        assert!(matches!(grid.lookup(-1.0, 0.5), Lookup::Candidates([])));
-        assert!(matches!(grid.lookup(f64::NAN, 0.5), Lookup::Candidates([])));
+        assert!(matches!(grid.lookup(-1.0, 0.5), Lookup::Candidates(c) if c.is_empty()));
+        assert!(matches!(grid.lookup(f64::NAN, 0.5), Lookup::Candidates(c) if c.is_empty()));
     }
 
     #[test]
@@ -251,7 +284,7 @@ mod tests {
         let grid = CandidateGrid::build(&envelopes).expect("grid");
         assert!(matches!(grid.lookup(5.005, 5.005), Lookup::Crowded));
         assert!(
-            matches!(grid.lookup(0.105, 0.005), Lookup::Candidates(c) if c.iter().any(|l| l.reference == 101))
+            matches!(grid.lookup(0.105, 0.005), Lookup::Candidates(c) if c.holding(0.105, 0.005).any(|&r| r == 101))
         );
     }
 }

@@ -8,15 +8,23 @@
 //! Envelopes are computed once at load (recomputing them per query is the
 //! classic R-tree slowdown) and bulk-loaded, so the tree is packed.
 //!
+//! Each candidate carries its part's cell grid header ([`GridRef`]): the
+//! query reads the listing, then the one cell byte in a shared arena, and
+//! only where an edge may cross that cell does it load the fence, its part
+//! and its rings. Before this, every candidate cost four dependent loads
+//! (fence, part, ring, cells), and the profile was cache misses on them.
+//!
 //! Parts whose envelope is far larger than the typical one (country borders
 //! among city blocks) go into a second tree. Packed among small neighbours
 //! they would inflate every ancestor node's envelope, and each query would
 //! descend into those nodes for nothing; measured, mixing three 10k-vertex
 //! polygons into 10k city blocks halved the query rate.
 
+use super::cell_grid::{Cell, CellGrid, GridRef};
 use super::fences::Fence;
 use super::grid::{CandidateGrid, Lookup};
-use super::shape::Part;
+use super::ring::Position;
+use super::shape::{Part, walk_flat};
 use crate::model::FenceId;
 use geo::Coord;
 use rstar::primitives::{GeomWithData, Rectangle};
@@ -31,7 +39,25 @@ pub type FenceIdx = u32;
 /// so more of the tree stays in cache, and the tree is only a pre-filter
 /// (exact containment runs in f64 afterwards). An f32 step is at most
 /// 1.5e-5° (under 2 m, at ±180°), so the extra candidates are negligible.
-type Entry = GeomWithData<Rectangle<[f32; 2]>, (FenceIdx, u32)>;
+type Entry = GeomWithData<Rectangle<[f32; 2]>, Candidate>;
+
+/// One part as the query meets it: where it is, its cell map if any, and
+/// where its rings lie in the flat arena if it is small.
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    fence: FenceIdx,
+    part: u32,
+    /// Polygons only; circles and grid-less parts go to the exact test.
+    grid: Option<GridRef>,
+    /// `flat[walk_start..walk_start + walk_len]`; 0 long: ask the part.
+    walk_start: u32,
+    walk_len: u32,
+}
+
+/// Polygon parts with at most this many coordinates are copied to the flat
+/// arena and walked edge by edge when their cell cannot decide; larger
+/// ones go through their rings' slabs.
+const FLAT_WALK_MAX: usize = 96;
 
 /// The largest f32 ≤ `v`.
 fn f32_down(v: f64) -> f32 {
@@ -45,6 +71,9 @@ fn f32_up(v: f64) -> f32 {
     if f64::from(r) < v { r.next_up() } else { r }
 }
 
+/// Cells per edge of a part's grid.
+const PART_CELLS_PER_EDGE: usize = 16;
+
 /// How many times the median envelope area makes a part "large".
 const LARGE_FACTOR: f64 = 64.0;
 
@@ -56,23 +85,37 @@ pub struct FenceIndex {
     /// Parts of typical size.
     tree: RTree<Entry>,
     /// The same parts by grid cell; crowded cells fall back to `tree`.
-    grid: Option<CandidateGrid<(FenceIdx, u32)>>,
+    grid: Option<CandidateGrid<Candidate>>,
     /// Parts with an envelope over [`LARGE_FACTOR`] × the median area.
     large: RTree<Entry>,
+    /// Every part grid's cells, one after another.
+    cells: Vec<Cell>,
+    /// Small parts' rings, one after another (see [`PolygonShape::flat_rings`]).
+    flat: Vec<Coord<f64>>,
     by_id: HashMap<FenceId, FenceIdx>,
 }
 
 impl FenceIndex {
     pub fn new(fences: Vec<Fence>) -> Self {
         let mut entries = Vec::new();
+        let mut cells = Vec::new();
+        let mut flat = Vec::new();
         for (f, fence) in fences.iter().enumerate() {
             for (p, part) in fence.parts.iter().enumerate() {
+                let (walk_start, walk_len) = flat_copy(part, &mut flat);
+                let candidate = Candidate {
+                    fence: f as FenceIdx,
+                    part: p as u32,
+                    grid: part_grid(part, &mut cells),
+                    walk_start,
+                    walk_len,
+                };
                 for (lo, hi) in part.envelopes() {
                     let rect = Rectangle::from_corners(
                         [f32_down(lo.x), f32_down(lo.y)],
                         [f32_up(hi.x), f32_up(hi.y)],
                     );
-                    entries.push(GeomWithData::new(rect, (f as FenceIdx, p as u32)));
+                    entries.push(GeomWithData::new(rect, candidate));
                 }
             }
         }
@@ -103,6 +146,8 @@ impl FenceIndex {
             grid: CandidateGrid::build(&listed),
             tree: RTree::bulk_load(small),
             large: RTree::bulk_load(large),
+            cells,
+            flat,
             by_id,
         }
     }
@@ -132,28 +177,28 @@ impl FenceIndex {
     pub fn containing(&self, p: Coord<f64>, out: &mut Vec<FenceIdx>) {
         out.clear();
         let probe = AABB::from_corners([f32_down(p.x), f32_down(p.y)], [f32_up(p.x), f32_up(p.y)]);
-        let mut test = |(f, part): (FenceIdx, u32)| {
-            if self.part(f, part).covers(p) {
-                out.push(f);
+        let mut test = |candidate: &Candidate| {
+            if self.covers(candidate, p) {
+                out.push(candidate.fence);
             }
             ControlFlow::<()>::Continue(())
         };
         match self.grid.as_ref().map(|grid| grid.lookup(p.x, p.y)) {
             Some(Lookup::Candidates(listed)) => {
-                for entry in listed.iter().filter(|e| e.holds(p.x, p.y)) {
-                    let _ = test(entry.reference);
+                for candidate in listed.holding(p.x, p.y) {
+                    let _ = test(candidate);
                 }
             }
             // Internal iteration: no traversal stack to allocate per query.
             Some(Lookup::Crowded) | None => {
                 let _ = self
                     .tree
-                    .locate_in_envelope_intersecting_int(&probe, |e| test(e.data));
+                    .locate_in_envelope_intersecting_int(&probe, |e| test(&e.data));
             }
         }
         let _ = self
             .large
-            .locate_in_envelope_intersecting_int(&probe, |e| test(e.data));
+            .locate_in_envelope_intersecting_int(&probe, |e| test(&e.data));
         if out.len() > 1 {
             out.sort_unstable();
             out.dedup();
@@ -187,7 +232,7 @@ impl FenceIndex {
             for tree in [&self.tree, &self.large] {
                 out.extend(
                     tree.locate_in_envelope_intersecting(&probe)
-                        .map(|e| e.data.0),
+                        .map(|e| e.data.fence),
                 );
             }
         }
@@ -204,7 +249,56 @@ impl FenceIndex {
         }
     }
 
-    fn part(&self, fence: FenceIdx, part: u32) -> &Part {
-        &self.fences[fence as usize].parts[part as usize]
+    /// Whether the candidate's part covers `p`: its cell if that decides,
+    /// else its flat rings, else the part itself.
+    #[inline]
+    fn covers(&self, candidate: &Candidate, p: Coord<f64>) -> bool {
+        match candidate.grid.map(|grid| self.cells[grid.cell_index(p)]) {
+            Some(Cell::Inside) => true,
+            Some(Cell::Outside) => false,
+            Some(Cell::Edge) | None if candidate.walk_len > 0 => {
+                let start = candidate.walk_start as usize;
+                let rings = &self.flat[start..start + candidate.walk_len as usize];
+                walk_flat(rings, p) != Position::Outside
+            }
+            Some(Cell::Edge) | None => {
+                self.fences[candidate.fence as usize].parts[candidate.part as usize].covers(p)
+            }
+        }
     }
+}
+
+/// Copies a small polygon part's rings to the flat arena; `(start, len)`,
+/// `len` 0 when the part is not copied.
+fn flat_copy(part: &Part, arena: &mut Vec<Coord<f64>>) -> (u32, u32) {
+    let Part::Polygon(polygon) = part else {
+        return (0, 0);
+    };
+    let rings = polygon.flat_rings();
+    match (u32::try_from(arena.len()), u32::try_from(rings.len())) {
+        (Ok(start), Ok(len))
+            if rings.len() <= FLAT_WALK_MAX && start.checked_add(len).is_some() =>
+        {
+            arena.extend_from_slice(&rings);
+            (start, len)
+        }
+        _ => (0, 0),
+    }
+}
+
+/// A cell grid over a polygon part (holes included), its cells appended to
+/// `arena`. `None` for circles, for parts the grid would not pay for, and
+/// once the arena is as large as a [`GridRef`] can address.
+fn part_grid(part: &Part, arena: &mut Vec<Cell>) -> Option<GridRef> {
+    let Part::Polygon(polygon) = part else {
+        return None;
+    };
+    let (min, max) = polygon.exterior.bounds();
+    let grid = CellGrid::build(PART_CELLS_PER_EDGE, &polygon.edges(), min, max, |p| {
+        polygon.position(p)
+    })?;
+    let offset = u32::try_from(arena.len()).ok()?;
+    u32::try_from(arena.len() + grid.cells().len()).ok()?;
+    arena.extend_from_slice(grid.cells());
+    Some(grid.header(offset))
 }

@@ -9,12 +9,16 @@
 //! latitude range meets it. A query only visits its own band's edges, so a
 //! 10k-vertex country border costs a handful of edge tests, not 10k.
 //!
-//! Rings of more than [`GRID_THRESHOLD`] edges also get a [`CellGrid`] over their bounding box: a cell no
-//! edge can reach is wholly inside or wholly outside, decided once at load,
-//! so most queries answer with one byte read and never touch the edges. The
-//! profile showed the slab walk on 10k-vertex rings stalling on cache misses
-//! (band start, edge list, then coordinates: three dependent loads).
+//! Rings of more than [`GRID_THRESHOLD`] edges also get a [`CellGrid`] over
+//! their bounding box: a cell no edge can reach is wholly inside or wholly
+//! outside, decided once at load, so most queries answer with one byte read
+//! and never touch the edges. The profile showed the slab walk on
+//! 10k-vertex rings stalling on cache misses (band start, edge list, then
+//! coordinates: three dependent loads). The index keeps a finer grid per
+//! polygon (holes included) in front of these; this one answers for the
+//! rings on their own, as the evaluator's exact tests ask them.
 
+use super::cell_grid::{Cell, CellGrid};
 use geo::Coord;
 use geo::kernels::{Kernel, Orientation, RobustKernel};
 
@@ -25,6 +29,10 @@ pub const SLAB_THRESHOLD: usize = 32;
 /// Rings with more edges than this get a [`CellGrid`]: measured, it pays
 /// for itself from about a dozen edges (one byte read instead of a scan).
 pub const GRID_THRESHOLD: usize = 12;
+
+/// Cells per edge of a ring's grid; 4 measured faster than 1 and as fast
+/// as 16 on the bench.
+const CELLS_PER_EDGE: usize = 4;
 
 /// Mean Earth radius in metres (the haversine radius geo uses, GRS80 mean).
 pub const EARTH_RADIUS_M: f64 = 6_371_008.8;
@@ -103,130 +111,6 @@ impl Slabs {
     }
 }
 
-/// What a grid cell knows about every point that maps to it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Cell {
-    Outside,
-    Inside,
-    /// An edge may pass through: ask the slabs.
-    Edge,
-}
-
-/// Cells per edge; 4 measured faster than 1 and as fast as 16 on the bench.
-const CELLS_PER_EDGE: usize = 4;
-
-/// Gives up on the grid when marking edges would touch more than this many
-/// cells per cell (rings of few, very long edges); the slabs still answer.
-const MAX_MARKING_WORK: usize = 16;
-
-/// A uniform grid over the ring's bounding box.
-///
-/// Why it is exact: the point → cell map is monotone in x and in y (a
-/// subtraction, a multiplication by a positive constant and a truncation,
-/// each monotone under IEEE rounding), so every point of an edge maps into
-/// the cell range of the edge's bounding box. A cell outside every edge's
-/// range therefore holds no boundary point, and the points that map to it
-/// form a convex set the ring never crosses, so the winding number is the
-/// same for all of them: that of the cell's centre, computed once.
-#[derive(Debug, Clone)]
-struct CellGrid {
-    min: Coord<f64>,
-    scale: Coord<f64>,
-    nx: usize,
-    ny: usize,
-    cells: Vec<Cell>,
-}
-
-impl CellGrid {
-    fn cell_of(&self, p: Coord<f64>) -> (usize, usize) {
-        (
-            (((p.x - self.min.x) * self.scale.x) as usize).min(self.nx - 1),
-            (((p.y - self.min.y) * self.scale.y) as usize).min(self.ny - 1),
-        )
-    }
-
-    fn at(&self, p: Coord<f64>) -> Cell {
-        let (cx, cy) = self.cell_of(p);
-        self.cells[cy * self.nx + cx]
-    }
-
-    /// `classify` answers for a cell centre; it is only asked about points
-    /// no edge's range covers.
-    fn build(
-        coords: &[Coord<f64>],
-        min: Coord<f64>,
-        max: Coord<f64>,
-        classify: impl Fn(Coord<f64>) -> Position,
-    ) -> Option<Self> {
-        let edge_count = coords.len() - 1;
-        let target = (edge_count * CELLS_PER_EDGE).clamp(16, 1 << 20) as f64;
-        let (w, h) = (
-            (max.x - min.x).max(f64::MIN_POSITIVE),
-            (max.y - min.y).max(f64::MIN_POSITIVE),
-        );
-        let nx = ((target * w / h).sqrt().ceil() as usize).clamp(1, 4096);
-        let ny = ((target / nx as f64).ceil() as usize).clamp(1, 4096);
-        let mut grid = CellGrid {
-            min,
-            scale: Coord {
-                x: nx as f64 / w,
-                y: ny as f64 / h,
-            },
-            nx,
-            ny,
-            cells: vec![Cell::Outside; nx * ny],
-        };
-        let ranges: Vec<((usize, usize), (usize, usize))> = coords
-            .windows(2)
-            .map(|e| {
-                let lo = Coord {
-                    x: e[0].x.min(e[1].x),
-                    y: e[0].y.min(e[1].y),
-                };
-                let hi = Coord {
-                    x: e[0].x.max(e[1].x),
-                    y: e[0].y.max(e[1].y),
-                };
-                (grid.cell_of(lo), grid.cell_of(hi))
-            })
-            .collect();
-        let work: usize = ranges
-            .iter()
-            .map(|((x0, y0), (x1, y1))| (x1 - x0 + 1) * (y1 - y0 + 1))
-            .sum();
-        if work > MAX_MARKING_WORK * grid.cells.len() {
-            return None;
-        }
-        let mut reached = vec![false; nx * ny];
-        for ((x0, y0), (x1, y1)) in ranges {
-            for cy in y0..=y1 {
-                reached[cy * nx + x0..=cy * nx + x1].fill(true);
-            }
-        }
-        for cy in 0..ny {
-            for cx in 0..nx {
-                let k = cy * nx + cx;
-                let centre = Coord {
-                    x: min.x + (cx as f64 + 0.5) / grid.scale.x,
-                    y: min.y + (cy as f64 + 0.5) / grid.scale.y,
-                };
-                // A centre that rounds into a neighbouring cell cannot speak
-                // for this one.
-                grid.cells[k] = if reached[k] || grid.cell_of(centre) != (cx, cy) {
-                    Cell::Edge
-                } else {
-                    match classify(centre) {
-                        Position::Inside => Cell::Inside,
-                        Position::Outside => Cell::Outside,
-                        Position::Boundary => Cell::Edge,
-                    }
-                };
-            }
-        }
-        Some(grid)
-    }
-}
-
 /// A closed ring (first coordinate repeated last) in lon/lat degrees.
 #[derive(Debug, Clone)]
 pub struct PreparedRing {
@@ -267,7 +151,9 @@ impl PreparedRing {
             ring.slabs = Some(Slabs::build(&ring.coords, min.y, max.y));
         }
         if edges > GRID_THRESHOLD {
-            ring.grid = CellGrid::build(&ring.coords, min, max, |p| ring.edge_position(p));
+            let edges: Vec<_> = ring.coords.windows(2).map(|e| (e[0], e[1])).collect();
+            ring.grid =
+                CellGrid::build(CELLS_PER_EDGE, &edges, min, max, |p| ring.edge_position(p));
         }
         ring
     }
@@ -313,13 +199,7 @@ impl PreparedRing {
                     }
                 }
             }
-            None => {
-                for w in self.coords.windows(2) {
-                    if edge_step(w[0], w[1], p, &mut winding) {
-                        return Position::Boundary;
-                    }
-                }
-            }
+            None => return walk_position(&self.coords, p),
         }
         if winding != 0 {
             Position::Inside
@@ -357,6 +237,22 @@ impl PreparedRing {
             }
             None => (0..self.coords.len() - 1).any(near),
         }
+    }
+}
+
+/// Where `p` lies relative to the closed ring `coords`, by walking every
+/// edge.
+pub fn walk_position(coords: &[Coord<f64>], p: Coord<f64>) -> Position {
+    let mut winding = 0i32;
+    for w in coords.windows(2) {
+        if edge_step(w[0], w[1], p, &mut winding) {
+            return Position::Boundary;
+        }
+    }
+    if winding != 0 {
+        Position::Inside
+    } else {
+        Position::Outside
     }
 }
 

@@ -9,7 +9,7 @@
 //! the haversine great-circle distance on a sphere of mean radius
 //! 6,371,008.8 m, so a circle centred at 179.99° covers points at −179.99°.
 
-use super::ring::{METRES_PER_DEGREE, Position, PreparedRing};
+use super::ring::{METRES_PER_DEGREE, Position, PreparedRing, walk_position};
 use geo::{Coord, Distance, Haversine, Point};
 
 /// A polygon with holes. A point on the exterior or on a hole's edge is on
@@ -22,15 +22,67 @@ pub struct PolygonShape {
 
 impl PolygonShape {
     fn covers(&self, p: Coord<f64>) -> bool {
-        match self.exterior.position(p) {
-            Position::Outside => false,
-            Position::Boundary => true,
-            Position::Inside => self
-                .holes
-                .iter()
-                .all(|hole| hole.position(p) != Position::Inside),
+        self.position(p) != Position::Outside
+    }
+
+    /// Where `p` lies relative to the polygon with its holes cut out.
+    pub fn position(&self, p: Coord<f64>) -> Position {
+        cut_out(
+            self.exterior.position(p),
+            self.holes.iter().map(|hole| hole.position(p)),
+        )
+    }
+
+    /// Every ring's coordinates, exterior first, one after another with a
+    /// NaN coordinate between rings: the layout [`walk_flat`] reads.
+    pub fn flat_rings(&self) -> Vec<Coord<f64>> {
+        let separator = Coord {
+            x: f64::NAN,
+            y: f64::NAN,
+        };
+        let mut flat = self.exterior.coords().to_vec();
+        for hole in &self.holes {
+            flat.push(separator);
+            flat.extend_from_slice(hole.coords());
+        }
+        flat
+    }
+
+    /// Every edge of every ring, as (from, to).
+    pub fn edges(&self) -> Vec<(Coord<f64>, Coord<f64>)> {
+        std::iter::once(&self.exterior)
+            .chain(&self.holes)
+            .flat_map(|ring| ring.coords().windows(2).map(|e| (e[0], e[1])))
+            .collect()
+    }
+}
+
+/// The position in a polygon, from the position in its exterior and,
+/// lazily, in each hole.
+fn cut_out(exterior: Position, holes: impl Iterator<Item = Position>) -> Position {
+    if exterior != Position::Inside {
+        return exterior;
+    }
+    let mut position = Position::Inside;
+    for hole in holes {
+        match hole {
+            Position::Inside => return Position::Outside,
+            Position::Boundary => position = Position::Boundary,
+            Position::Outside => {}
         }
     }
+    position
+}
+
+/// [`PolygonShape::position`] over [`PolygonShape::flat_rings`] by walking
+/// every edge: one contiguous read, for small parts whose cell could not
+/// decide.
+pub fn walk_flat(flat: &[Coord<f64>], p: Coord<f64>) -> Position {
+    let mut rings = flat.split(|c| c.x.is_nan());
+    let exterior = rings
+        .next()
+        .map_or(Position::Outside, |ring| walk_position(ring, p));
+    cut_out(exterior, rings.map(|ring| walk_position(ring, p)))
 }
 
 /// A circle given by centre and radius in metres.
