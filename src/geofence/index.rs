@@ -71,8 +71,11 @@ fn f32_up(v: f64) -> f32 {
     if f64::from(r) < v { r.next_up() } else { r }
 }
 
-/// Cells per edge of a part's grid.
-const PART_CELLS_PER_EDGE: usize = 16;
+/// Cells per edge of a part's grid: measured on the bench's 10k fences,
+/// 4 left 48% of lookups to the edges, 16 took 1.6× fewer; 32 was 1.1×
+/// faster again and 64 no faster than 32. At 32 the bench's 10k fences
+/// take 12.7 MB of cells, next to 6.3 MB of coordinates.
+const PART_CELLS_PER_EDGE: usize = 32;
 
 /// How many times the median envelope area makes a part "large".
 const LARGE_FACTOR: f64 = 64.0;
