@@ -3,17 +3,19 @@
 //! then one byte read, and only cells an edge may cross need the edges.
 //!
 //! Why it is exact: the point → cell map is monotone in x and in y (a
-//! subtraction, a multiplication by a positive constant and a truncation,
-//! each monotone under IEEE rounding), so every point of an edge maps into
-//! the cell range of the edge's bounding box. A cell outside every edge's
-//! range therefore holds no boundary point, and the points that map to it
-//! form a convex set the boundary never crosses, so they all answer as the
-//! cell's centre does, computed once.
+//! subtraction, a multiplication by a positive constant, a truncation that
+//! saturates at 0 and a clamp at the last cell, each monotone under IEEE
+//! rounding), so every point inside a box maps into the cell range of the
+//! box's corners. Edges are marked piece by piece (see `reached_cells`), so
+//! a cell left unmarked holds no boundary point. The points that map to it
+//! form a convex set (a rectangle, unbounded for a cell on the rim, since
+//! the map saturates) that the boundary never crosses, so they all answer
+//! as the cell's centre does, computed once.
 //!
-//! A cell on the bounding box's rim is never decided "inside": it holds
-//! points of the box's edge, which no shape strictly contains. So a point
-//! just outside the box that clamps into a rim cell is never wrongly
-//! reported inside; the index relies on this to skip an exact box test.
+//! That holds for every finite point, not only those in the bounding box:
+//! an unmarked rim cell reaches out to infinity, where the winding number is
+//! 0, so it is never "inside". The index relies on this to skip an exact box
+//! test for points in the f32 rounding sliver around a part's box.
 //!
 //! The grid's origin and scale are f32 values (held in f64): the map needs
 //! only to be the same at build and query, not precise, and the index keeps
@@ -33,8 +35,9 @@ pub enum Cell {
     Edge,
 }
 
-/// Gives up on the grid when marking edges would take more than this many
-/// steps per cell; the edges still answer.
+/// Gives up on the grid when marking edges would write more than this many
+/// cells per cell (edges long for the grid, or cells too fine for the
+/// marking margin); the edges still answer.
 const MAX_MARKING_WORK: usize = 16;
 
 /// Cells per axis at most, so the count fits a `u16` in [`GridRef`].
@@ -93,10 +96,16 @@ fn cell_of(
     )
 }
 
-/// The largest f32 ≤ `v`, as f64.
-fn f32_floor(v: f64) -> f64 {
+/// The largest f32 ≤ `v`.
+pub fn f32_down(v: f64) -> f32 {
     let r = v as f32;
-    f64::from(if f64::from(r) > v { r.next_down() } else { r })
+    if f64::from(r) > v { r.next_down() } else { r }
+}
+
+/// The smallest f32 ≥ `v`.
+pub fn f32_up(v: f64) -> f32 {
+    let r = v as f32;
+    if f64::from(r) < v { r.next_up() } else { r }
 }
 
 impl CellGrid {
@@ -137,23 +146,27 @@ impl CellGrid {
     ///
     /// Each edge is cut into pieces at most half a cell long on either
     /// axis, and each piece marks the cells of its bounding box, widened by
-    /// a margin far above the rounding of the cut points (a few ulps) and
-    /// far below a cell. By the monotone map, every point of the piece maps
-    /// into that range. Marking the whole edge's box instead (the first
-    /// version) left a diagonal edge covering a rectangle of cells it never
-    /// crosses, and over a third of all lookups fell to the edge walk.
+    /// a margin above the rounding of the cut points (`a + d·t` is off by
+    /// at most ~4 ulps of the coordinates; the margin is 16 machine
+    /// epsilons of them). By the monotone map, every point of the piece
+    /// maps into that range. Marking the whole edge's box instead (the
+    /// first version) left a diagonal edge covering a rectangle of cells it
+    /// never crosses, and over a third of all lookups fell to the edge walk.
     fn reached_cells(&self, edges: &[(Coord<f64>, Coord<f64>)]) -> Option<Vec<bool>> {
+        let budget = MAX_MARKING_WORK.saturating_mul(self.cells.len());
         let mut reached = vec![false; self.cells.len()];
         let mut work = 0usize;
         for &(a, b) in edges {
             let d = b - a;
             let spans = (d.x.abs() * self.scale.x).max(d.y.abs() * self.scale.y);
             let pieces = (spans * 2.0).ceil().max(1.0);
-            work += pieces as usize;
-            if work > MAX_MARKING_WORK * self.cells.len() {
+            // NaN (a non-finite edge) refuses the grid too.
+            if pieces.is_nan() || pieces > budget as f64 {
                 return None;
             }
-            let margin = 1e-9 * (1.0 + a.x.abs().max(a.y.abs()).max(b.x.abs()).max(b.y.abs()));
+            let margin = 16.0
+                * f64::EPSILON
+                * (1.0 + a.x.abs().max(a.y.abs()).max(b.x.abs()).max(b.y.abs()));
             let at = |i: f64| if i >= pieces { b } else { a + d * (i / pieces) };
             let mut from = a;
             for i in 1..=pieces as usize {
@@ -166,6 +179,10 @@ impl CellGrid {
                     x: from.x.max(to.x) + margin,
                     y: from.y.max(to.y) + margin,
                 });
+                work = work.saturating_add((x1 - x0 + 1) * (y1 - y0 + 1));
+                if work > budget {
+                    return None;
+                }
                 for cy in y0..=y1 {
                     reached[cy * self.nx + x0..=cy * self.nx + x1].fill(true);
                 }
@@ -187,8 +204,8 @@ impl CellGrid {
     ) -> Option<Self> {
         let target = (edges.len() * cells_per_edge).clamp(16, 1 << 20) as f64;
         let origin = Coord {
-            x: f32_floor(min.x),
-            y: f32_floor(min.y),
+            x: f64::from(f32_down(min.x)),
+            y: f64::from(f32_down(min.y)),
         };
         let (w, h) = (
             (max.x - origin.x).max(f64::MIN_POSITIVE),
@@ -285,6 +302,11 @@ mod tests {
                 y: rng.range(min.y - h * 0.01, max.y + h * 0.01),
             })
             .collect();
+        // Far outside: the map saturates into rim cells.
+        probes.extend((0..2_000).map(|_| Coord {
+            x: rng.range(min.x - w, max.x + w),
+            y: rng.range(min.y - h, max.y + h),
+        }));
         for &(a, b) in &edges {
             probes.extend((0..=16).map(|i| a + (b - a) * (f64::from(i) / 16.0)));
         }
@@ -346,6 +368,19 @@ mod tests {
             let mut hole = star_ring(&mut rng, centre, 8, 0.0003, 0.0008);
             hole.reverse();
             decided_cells_agree(vec![exterior, hole], 16, seed as u64);
+        }
+    }
+
+    /// A fence of a couple of metres at 179.99°: the f32 origin lies up to
+    /// 1.5e-5° left of the box, several cells wide, so the left columns hold
+    /// no point of the box at all.
+    #[test]
+    fn a_tiny_polygon_far_from_zero_is_decided_exactly() {
+        let mut rng = SplitMix64::new(9);
+        for (seed, lat) in [(1u64, 0.0), (2, 45.0), (3, -89.0)] {
+            let centre = Coord { x: 179.99, y: lat };
+            let ring = star_ring(&mut rng, centre, 40, 0.00001, 0.00002);
+            decided_cells_agree(vec![ring], 32, seed);
         }
     }
 }

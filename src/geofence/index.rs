@@ -10,8 +10,8 @@
 //!
 //! Each candidate carries its part's cell grid header ([`GridRef`]): the
 //! query reads the listing, then the one cell byte in a shared arena, and
-//! only where an edge may cross that cell does it load the fence, its part
-//! and its rings. Before this, every candidate cost four dependent loads
+//! only where an edge may cross that cell does it read edges: a small
+//! part's rings from one flat arena, a large part's through its rings. Before this, every candidate cost four dependent loads
 //! (fence, part, ring, cells), and the profile was cache misses on them.
 //!
 //! Parts whose envelope is far larger than the typical one (country borders
@@ -20,7 +20,7 @@
 //! descend into those nodes for nothing; measured, mixing three 10k-vertex
 //! polygons into 10k city blocks halved the query rate.
 
-use super::cell_grid::{Cell, CellGrid, GridRef};
+use super::cell_grid::{Cell, CellGrid, GridRef, f32_down, f32_up};
 use super::fences::Fence;
 use super::grid::{CandidateGrid, Lookup};
 use super::ring::Position;
@@ -56,20 +56,8 @@ struct Candidate {
 
 /// Polygon parts with at most this many coordinates are copied to the flat
 /// arena and walked edge by edge when their cell cannot decide; larger
-/// ones go through their rings' slabs.
+/// ones ask their rings (box, ring grid, then slabs or a walk).
 const FLAT_WALK_MAX: usize = 96;
-
-/// The largest f32 ≤ `v`.
-fn f32_down(v: f64) -> f32 {
-    let r = v as f32;
-    if f64::from(r) > v { r.next_down() } else { r }
-}
-
-/// The smallest f32 ≥ `v`.
-fn f32_up(v: f64) -> f32 {
-    let r = v as f32;
-    if f64::from(r) < v { r.next_up() } else { r }
-}
 
 /// Cells per edge of a part's grid: measured on the bench's 10k fences,
 /// 4 left 48% of lookups to the edges, 16 took 1.6× fewer; 32 was 1.1×
@@ -277,6 +265,10 @@ fn flat_copy(part: &Part, arena: &mut Vec<Coord<f64>>) -> (u32, u32) {
     let Part::Polygon(polygon) = part else {
         return (0, 0);
     };
+    // Coordinates, closing points and separators.
+    if part.vertex_count() + 2 * polygon.holes.len() + 1 > FLAT_WALK_MAX {
+        return (0, 0);
+    }
     let rings = polygon.flat_rings();
     match (u32::try_from(arena.len()), u32::try_from(rings.len())) {
         (Ok(start), Ok(len))

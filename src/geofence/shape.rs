@@ -34,7 +34,8 @@ impl PolygonShape {
     }
 
     /// Every ring's coordinates, exterior first, one after another with a
-    /// NaN coordinate between rings: the layout [`walk_flat`] reads.
+    /// NaN coordinate between rings: the layout [`walk_flat`] reads. NaN is
+    /// free to mean "next ring": the loader refuses non-finite coordinates.
     pub fn flat_rings(&self) -> Vec<Coord<f64>> {
         let separator = Coord {
             x: f64::NAN,
