@@ -11,8 +11,9 @@
 //! Each candidate carries its part's cell grid header ([`GridRef`]): the
 //! query reads the listing, then the one cell byte in a shared arena, and
 //! only where an edge may cross that cell does it read edges: a small
-//! part's rings from one flat arena, a large part's through its rings. Before this, every candidate cost four dependent loads
-//! (fence, part, ring, cells), and the profile was cache misses on them.
+//! part's rings from one flat arena, a large part's through its rings.
+//! Before this, every candidate cost four dependent loads (fence, part,
+//! ring, cells), and the profile was cache misses on them.
 //!
 //! Parts whose envelope is far larger than the typical one (country borders
 //! among city blocks) go into a second tree. Packed among small neighbours
