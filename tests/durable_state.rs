@@ -154,6 +154,77 @@ fn sigkill_at_every_crash_point_changes_no_transition() {
     }
 }
 
+/// Two intake connections on shared subscriptions (`mqtt.connections = 2`):
+/// both take a share, every message is acked on its own connection (a
+/// restart gets nothing back but what a kill left unacked), and the events
+/// file is exactly the one-connection run's, uninterrupted and across a
+/// SIGKILL between a commit and its acks.
+#[test]
+fn two_intake_connections_change_no_transition() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let want = multiset(&reference(broker.port, &runtime));
+    let total = want.values().map(Vec::len).sum();
+    for point in [None, Some("commit.after:55")] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("fences.geojson"), FENCES).unwrap();
+        let id = format!("two-{}", point.unwrap_or("clean").replace([':', '.'], "-"));
+        let setup = setup(broker.port, &id, "");
+        // A share group of its own: kept sessions of an earlier run in the
+        // same group would still be dealt their share while offline.
+        let two_connections = |config: String| {
+            config.replace(
+                r#"topics = ["fleet/+/telemetry", "owntracks/+/+"]"#,
+                &format!(
+                    "topics = [\"$share/{id}/fleet/+/telemetry\", \"$share/{id}/owntracks/+/+\"]\nconnections = 2"
+                ),
+            )
+        };
+        let mut geogate = GeogateProcess::launch_with(dir.path(), &setup, two_connections, None);
+        geogate.wait_for_log("subscribed", 2);
+        if let Some(point) = point {
+            // Armed on a restart, once both kept sessions exist.
+            geogate.kill();
+            geogate.set_crash_point(Some(point));
+            geogate.restart();
+            geogate.wait_for_log("subscribed", 4);
+        }
+        runtime.block_on(publish_all(broker.port, &fleet(0..FIXES), Some(PACE)));
+        if point.is_some() {
+            geogate.wait_for_crash_point();
+            geogate.kill();
+            geogate.restart();
+            geogate.wait_for_log("subscribed", 6);
+        }
+        let what = format!("two connections, {}", point.unwrap_or("uninterrupted"));
+        if point.is_none() {
+            let all = (VEHICLES * FIXES) as f64;
+            geogate.wait_processed(all, 60);
+            let shares = [1, 2]
+                .map(|k| geogate.series(&format!("geogate_mqtt_messages_total{{intake=\"{k}\"}}")));
+            assert_eq!(shares[0] + shares[1], all, "{what}: {shares:?}");
+            assert!(
+                shares.iter().all(|&s| s > all / 10.0),
+                "{what}: one connection idle: {shares:?}"
+            );
+        }
+        let (got, line) = finish_with_line(&mut geogate, total);
+        assert_same_as(&got, &want, &what);
+        // Everything was acked on its own connection: a third start gets
+        // nothing redelivered on either session.
+        geogate.restart();
+        geogate.wait_for_log("subscribed", if point.is_some() { 8 } else { 4 });
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        let redelivered = geogate.metric("geogate_events_received_total");
+        let (ok, stdout) = geogate.stop();
+        assert!(ok, "{stdout}");
+        assert_eq!(redelivered, 0.0, "{what}: {line}");
+    }
+}
+
 /// MQTT copies: at least once, with the file's ids, across a SIGKILL
 /// between a publish and its cursor.
 #[test]
