@@ -24,7 +24,6 @@ received to all evaluated or dead-lettered, from /metrics polled every 5 ms
 from the moment the process starts, so the rate is if anything understated).
 
 Usage: .venv/bin/python benches/e2e.py [--vehicles V] [--phase live|preloaded|both] [--skip-peer]
-                                       [--connections N]
        GEOGATE_STATE_BACKEND=memory ... runs geogate with the memory state backend.
 Needs: mosquitto, mosquitto_sub, target/release/geogate, Shapely 2, paho-mqtt.
 """
@@ -46,8 +45,6 @@ TOPICS = ["-t", "fleet/+/telemetry", "-t", "owntracks/+/+"]
 ap = argparse.ArgumentParser()
 ap.add_argument("--vehicles", type=int, default=1500)
 ap.add_argument("--phase", choices=["live", "preloaded", "both"], default="both")
-ap.add_argument("--connections", type=int, default=1,
-                help="geogate's mqtt.connections; above 1 its topics become shared subscriptions")
 ap.add_argument("--skip-peer", action="store_true", help="leave the Python peer out (geogate vs mosquitto_sub only)")
 args = ap.parse_args()
 
@@ -104,13 +101,6 @@ def geogate_config(client_id, qos):
                      ("rate = 32000 ", "rate = 1000000 "), ("burst = 24000 ", "burst = 1000000 ")]:
         assert old in cfg, old
         cfg = cfg.replace(old, new, 1)
-    if args.connections > 1:
-        # A share group per session name, so no other run's kept sessions
-        # are dealt a share.
-        old = 'topics = ["fleet/+/telemetry", "owntracks/+/+"]'
-        assert old in cfg, old
-        cfg = cfg.replace(old, f'topics = ["$share/{client_id}/fleet/+/telemetry", "$share/{client_id}/owntracks/+/+"]\n'
-                               f'connections = {args.connections}', 1)
     if os.environ.get("GEOGATE_STATE_BACKEND"):
         # For a same-session comparison of the state backends.
         cfg = cfg.replace('# backend = "embedded"', f'backend = "{os.environ["GEOGATE_STATE_BACKEND"]}"', 1)
@@ -124,9 +114,7 @@ def start_geogate(client_id, qos, wait_connected=True):
     proc = subprocess.Popen([GEOGATE, "run", "--config", path], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True)
     deadline = time.time() + 30
-    # Every connection subscribed: a registration must leave every session
-    # in the broker before the capture is published.
-    while wait_connected and scrape(mport).get("geogate_mqtt_subscribed", 0) < args.connections:
+    while wait_connected and scrape(mport).get("geogate_mqtt_connected", 0) < 1:
         if time.time() > deadline:
             raise SystemExit("geogate did not connect")
         time.sleep(0.05)

@@ -159,19 +159,9 @@ pub struct MqttConfig {
     /// retried with backoff.
     #[serde(default = "defaults::connect_timeout_s")]
     pub connect_timeout_s: u64,
-    /// Most QoS 1 messages held unacked before intake stops reading, per
-    /// intake connection.
+    /// Most QoS 1 messages held unacked before intake stops reading.
     #[serde(default = "defaults::max_unacked")]
     pub max_unacked: usize,
-    /// Intake connections in this process, all subscribed to the same
-    /// shared subscriptions (`$share/<group>/<filter>`), so the broker
-    /// spreads the messages among them and each reads, decodes and acks its
-    /// share. One rumqttc connection tops out near 330k msgs/s on its poll
-    /// loop; more than one needs every topic to be shared, or each
-    /// connection would receive every message. Connection k (from 2) is
-    /// `{client_id}-k`, each with its own kept session.
-    #[serde(default = "defaults::connections")]
-    pub connections: usize,
     /// Subscription QoS: 1 (default) acks each message only after it is
     /// evaluated or dead-lettered, so a crash loses nothing; 0 has no acks
     /// and no redelivery, for fleets that resend often and want raw speed.
@@ -208,7 +198,6 @@ impl fmt::Debug for MqttConfig {
             .field("keep_alive_s", &self.keep_alive_s)
             .field("connect_timeout_s", &self.connect_timeout_s)
             .field("max_unacked", &self.max_unacked)
-            .field("connections", &self.connections)
             .field("subscribe_qos", &self.subscribe_qos)
             .field("tls", &self.tls)
             .finish()
@@ -246,21 +235,6 @@ pub struct PipelineConfig {
 
 /// Most decode lanes: more only adds tasks that wait.
 pub const MAX_DECODE_LANES: usize = 64;
-
-/// Most intake connections per process (`mqtt.connections`).
-pub const MAX_INTAKE_CONNECTIONS: usize = 16;
-
-impl MqttConfig {
-    /// The client id of intake connection `slot` (from 0): the configured
-    /// id for the first, so a single-connection deployment keeps its
-    /// session, then `{client_id}-2`, `-3`, ...
-    pub fn intake_client_id(&self, slot: usize) -> String {
-        match slot {
-            0 => self.client_id.clone(),
-            _ => format!("{}-{}", self.client_id, slot + 1),
-        }
-    }
-}
 
 impl Default for PipelineConfig {
     fn default() -> Self {
@@ -453,9 +427,6 @@ mod defaults {
     pub fn max_unacked() -> usize {
         4096
     }
-    pub fn connections() -> usize {
-        1
-    }
     pub fn subscribe_qos() -> u8 {
         1
     }
@@ -629,33 +600,6 @@ impl Config {
         }
         if self.mqtt.max_unacked == 0 {
             problem("mqtt.max_unacked", "must be ≥ 1".into());
-        }
-        if !(1..=MAX_INTAKE_CONNECTIONS).contains(&self.mqtt.connections) {
-            problem(
-                "mqtt.connections",
-                format!(
-                    "{} is out of range: use 1 to {MAX_INTAKE_CONNECTIONS}",
-                    self.mqtt.connections
-                ),
-            );
-        } else if self.mqtt.connections > 1 {
-            let unshared: Vec<&str> = self
-                .mqtt
-                .topics
-                .iter()
-                .filter(|t| !t.starts_with("$share/"))
-                .map(String::as_str)
-                .collect();
-            if !unshared.is_empty() {
-                problem(
-                    "mqtt.connections",
-                    format!(
-                        "{} connections need every topic to be a shared subscription ($share/<group>/<filter>), or each connection receives every message; not shared: {}",
-                        self.mqtt.connections,
-                        unshared.join(", ")
-                    ),
-                );
-            }
         }
         if self.mqtt.subscribe_qos > 1 {
             problem(

@@ -329,9 +329,4 @@ fn describe() {
         Unit::Count,
         "Messages left unacked during shutdown for the broker to redeliver."
     );
-    describe_counter!(
-        "geogate_mqtt_messages_total",
-        Unit::Count,
-        "Publishes each intake connection (label intake, from 1) took in: how the broker spreads a shared subscription over mqtt.connections."
-    );
 }

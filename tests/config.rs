@@ -11,55 +11,6 @@ fn example_config_is_valid() {
     assert_eq!(config.gate.burst, 24000);
 }
 
-/// More than one intake connection needs shared subscriptions, named in
-/// the message; a connection count out of range is refused with the range.
-#[test]
-fn several_intake_connections_need_shared_topics() {
-    let base = std::fs::read_to_string("config/geogate.toml").unwrap();
-    let with = |connections: &str, topics: &str| {
-        base.replace(
-            "# connections = 1 ",
-            &format!("connections = {connections} "),
-        )
-        .replace(
-            "topics = [\"fleet/+/telemetry\", \"owntracks/+/+\"]",
-            topics,
-        )
-    };
-    let problem = |text: String| match Config::parse(&text) {
-        Err(ConfigError::Invalid(problems)) => problems
-            .into_iter()
-            .find(|p| p.field == "mqtt.connections")
-            .map(|p| p.message),
-        other => {
-            assert!(other.is_ok(), "{other:?}");
-            None
-        }
-    };
-    let unshared = problem(with(
-        "2",
-        "topics = [\"$share/g/fleet/+/telemetry\", \"owntracks/+/+\"]",
-    ))
-    .expect("refused");
-    assert!(unshared.contains("not shared: owntracks/+/+"), "{unshared}");
-    assert!(!unshared.contains("fleet"), "{unshared}");
-    let out_of_range =
-        problem(with("17", "topics = [\"$share/g/fleet/+/telemetry\"]")).expect("refused");
-    assert!(out_of_range.contains("1 to 16"), "{out_of_range}");
-    assert!(problem(with("0", "topics = [\"$share/g/fleet/+/telemetry\"]")).is_some());
-    let config = Config::parse(&with(
-        "4",
-        "topics = [\"$share/g/fleet/+/telemetry\", \"$share/g/owntracks/+/+\"]",
-    ))
-    .expect("valid");
-    assert_eq!(config.mqtt.connections, 4);
-    let ids: Vec<String> = (0..4).map(|k| config.mqtt.intake_client_id(k)).collect();
-    assert_eq!(
-        ids,
-        ["geogate-1", "geogate-1-2", "geogate-1-3", "geogate-1-4"]
-    );
-}
-
 #[test]
 fn every_problem_is_reported_with_its_field() {
     let text = std::fs::read_to_string("config/geogate.toml")

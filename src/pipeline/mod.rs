@@ -241,38 +241,20 @@ pub async fn run(
         )?),
     };
 
-    // Intake connections: each with its own session, acker and poll task;
-    // all feed the same lanes.
+    // Intake connection.
     let max_unacked = config.mqtt.max_unacked;
+    let intake_options =
+        mqtt::options(&config.mqtt, &config.mqtt.client_id).map_err(PipelineError::Mqtt)?;
+    let (client, mut eventloop) = AsyncClient::new(intake_options, max_unacked * 2 + 64);
+    eventloop.set_network_options(mqtt::network_options(&config.mqtt));
     // The intake holds what it held before it had lanes, split among them.
     let lanes = config.pipeline.decode_lane_count();
     let (intake_tx, intake_lanes) = Intake::new(lanes, max_unacked.clamp(1, 1024).div_ceil(lanes));
-    let (completions, finished_rxs) = Completions::channels(config.mqtt.connections);
-    let mut ackers = Vec::new();
-    let mut connections = Vec::new();
-    for (slot, finished_rx) in finished_rxs.into_iter().enumerate() {
-        let id = config.mqtt.intake_client_id(slot);
-        let options = mqtt::options(&config.mqtt, &id).map_err(PipelineError::Mqtt)?;
-        let (client, mut eventloop) = AsyncClient::new(options, max_unacked * 2 + 64);
-        eventloop.set_network_options(mqtt::network_options(&config.mqtt));
-        let (registrations_tx, registrations_rx) = mpsc::unbounded_channel();
-        let live = Arc::new(LiveConnection::default());
-        ackers.push(tokio::spawn(
-            Acker::new(client.clone(), live.clone()).run(registrations_rx, finished_rx),
-        ));
-        connections.push(PollTask {
-            client,
-            eventloop,
-            filters: mqtt::subscribe_filters(&config.mqtt),
-            broker: mqtt::broker_address(&config.mqtt),
-            intake: intake_tx.clone(),
-            registrations: registrations_tx,
-            live,
-            phase: control.watch(),
-            slot,
-        });
-    }
-    drop(intake_tx);
+    let (registrations_tx, registrations_rx) = mpsc::unbounded_channel();
+    let (completions, finished_rx) = Completions::channel();
+    let live = Arc::new(LiveConnection::default());
+    let acker =
+        tokio::spawn(Acker::new(client.clone(), live.clone()).run(registrations_rx, finished_rx));
 
     // Shards.
     let shard_count = config.pipeline.shard_count();
@@ -355,10 +337,16 @@ pub async fn run(
     };
     let decoded = decode::start(intake_lanes, config.codec.clone());
     let router = router.spawn(decoded);
-    let polls: Vec<_> = connections
-        .into_iter()
-        .map(|task| tokio::spawn(mqtt::poll_loop(task)))
-        .collect();
+    let poll = tokio::spawn(mqtt::poll_loop(PollTask {
+        client,
+        eventloop,
+        filters: mqtt::subscribe_filters(&config.mqtt),
+        broker: mqtt::broker_address(&config.mqtt),
+        intake: intake_tx,
+        registrations: registrations_tx,
+        live,
+        phase: control.watch(),
+    }));
     let view = PipelineView {
         accounting: accounting.clone(),
         queues,
@@ -386,16 +374,9 @@ pub async fn run(
         let _ = w.await;
     }
     state_finished.await;
-    for acker in ackers {
-        let _ = acker.await;
-    }
+    let _ = acker.await;
     control.acks_flushed();
-    let _ = tokio::time::timeout(Duration::from_secs(5), async {
-        for poll in polls {
-            let _ = poll.await;
-        }
-    })
-    .await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), poll).await;
     gauges.abort();
     if let Some((_, refiller)) = global {
         refiller.abort();

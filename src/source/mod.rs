@@ -27,55 +27,25 @@ pub struct Envelope {
     pub redelivered: bool,
 }
 
-/// Opaque to the pipeline: each intake connection (its slot) numbers its
-/// messages in receive order.
+/// Opaque to the pipeline: the source numbers its messages in receive order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct AckToken(pub u64);
 
-/// Bits of an [`AckToken`] below the connection's slot: 2^48 messages per
-/// connection and run.
-const SLOT_SHIFT: u32 = 48;
-
-impl AckToken {
-    /// Message `seq` of the connection in `slot`.
-    pub fn new(slot: usize, seq: u64) -> Self {
-        Self(((slot as u64) << SLOT_SHIFT) | (seq & ((1 << SLOT_SHIFT) - 1)))
-    }
-
-    /// Which connection the message came in on.
-    pub fn slot(self) -> usize {
-        (self.0 >> SLOT_SHIFT) as usize
-    }
-}
-
-/// Where finished tokens go back to their source: one channel per intake
-/// connection, since a message is acked only on the connection it came in
-/// on.
+/// Where finished tokens go back to their source.
 #[derive(Debug, Clone)]
-pub struct Completions(std::sync::Arc<[mpsc::UnboundedSender<AckToken>]>);
+pub struct Completions(mpsc::UnboundedSender<AckToken>);
 
 impl Completions {
-    /// One connection's channel.
     pub fn channel() -> (Self, mpsc::UnboundedReceiver<AckToken>) {
-        let (completions, mut receivers) = Self::channels(1);
-        (completions, receivers.remove(0))
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Self(tx), rx)
     }
 
-    /// A channel per connection slot, `slots` of them (at least one).
-    pub fn channels(slots: usize) -> (Self, Vec<mpsc::UnboundedReceiver<AckToken>>) {
-        let (senders, receivers): (Vec<_>, Vec<_>) =
-            (0..slots.max(1)).map(|_| mpsc::unbounded_channel()).unzip();
-        (Self(senders.into()), receivers)
-    }
-
-    /// Reports `token` finished to its connection. A source that has gone
-    /// away (shutdown) no longer acks anything, so a closed channel is not
-    /// an error.
+    /// Reports `token` finished. A source that has gone away (shutdown)
+    /// no longer acks anything, so a closed channel is not an error.
     pub fn done(&self, token: Option<AckToken>) {
-        if let Some(token) = token
-            && let Some(connection) = self.0.get(token.slot())
-        {
-            let _ = connection.send(token);
+        if let Some(token) = token {
+            let _ = self.0.send(token);
         }
     }
 }

@@ -80,11 +80,7 @@ pub struct Acker {
     acked: metrics::Counter,
     withheld_old_connection: metrics::Counter,
     withheld_superseded: metrics::Counter,
-    /// The process's unacked count, which every intake connection's acker
-    /// adds its own share to.
     unacked: metrics::Gauge,
-    /// This acker's share last added to `unacked`.
-    unacked_share: usize,
 }
 
 impl Acker {
@@ -101,7 +97,6 @@ impl Acker {
             withheld_old_connection: outcome("withheld_old_connection"),
             withheld_superseded: outcome("withheld_superseded"),
             unacked: metrics::gauge!("geogate_mqtt_unacked"),
-            unacked_share: 0,
         }
     }
 
@@ -141,19 +136,10 @@ impl Acker {
                     self.ack_finished_prefix().await;
                 }
             }
-            self.report_unacked();
+            self.unacked.set(self.pending.len() as f64);
         }
-        self.report_unacked();
+        self.unacked.set(self.pending.len() as f64);
         self.counts
-    }
-
-    fn report_unacked(&mut self) {
-        let now = self.pending.len();
-        if now != self.unacked_share {
-            self.unacked
-                .increment(now as f64 - self.unacked_share as f64);
-            self.unacked_share = now;
-        }
     }
 
     pub fn register(&mut self, registration: Registration) {

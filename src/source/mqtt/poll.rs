@@ -97,39 +97,6 @@ pub struct PollTask {
     pub registrations: mpsc::UnboundedSender<Registration>,
     pub live: Arc<LiveConnection>,
     pub phase: watch::Receiver<Phase>,
-    /// Which of the process's intake connections this is (from 0).
-    pub slot: usize,
-}
-
-/// One connection's share of a gauge that counts intake connections in a
-/// state (connected, subscribed): one connection reads 0 or 1 as it always
-/// did, N read how many are.
-struct ConnectionFlag {
-    gauge: metrics::Gauge,
-    on: bool,
-}
-
-impl ConnectionFlag {
-    fn new(gauge: metrics::Gauge) -> Self {
-        Self { gauge, on: false }
-    }
-
-    fn set(&mut self, on: bool) {
-        if on != self.on {
-            if on {
-                self.gauge.increment(1.0);
-            } else {
-                self.gauge.decrement(1.0);
-            }
-            self.on = on;
-        }
-    }
-}
-
-impl Drop for ConnectionFlag {
-    fn drop(&mut self) {
-        self.set(false);
-    }
 }
 
 /// Where the subscription of the current connection stands.
@@ -162,12 +129,8 @@ impl Subscription {
 struct Handoff {
     intake: Option<Intake>,
     registrations: Option<mpsc::UnboundedSender<Registration>>,
-    /// This connection's slot, carried in every token it hands out.
-    slot: usize,
     next_token: u64,
     left_for_redelivery: metrics::Counter,
-    /// `geogate_mqtt_messages_total` of this connection.
-    taken: metrics::Counter,
 }
 
 impl Handoff {
@@ -180,14 +143,13 @@ impl Handoff {
 
     /// Takes one publish that arrived on `connection`.
     async fn publish(&mut self, mut publish: rumqttc::Publish, connection: ConnectionId) {
-        self.taken.increment(1);
         let (Some(tx), Some(registrations)) = (&self.intake, &self.registrations) else {
             self.left_for_redelivery.increment(1);
             return;
         };
         let token = (publish.qos != QoS::AtMostOnce).then(|| {
             self.next_token += 1;
-            AckToken::new(self.slot, self.next_token)
+            AckToken(self.next_token)
         });
         let item = Envelope {
             token,
@@ -225,23 +187,18 @@ pub async fn poll_loop(task: PollTask) {
         mut eventloop,
         filters,
         broker,
-        intake: intake_lanes,
+        intake,
         registrations,
         live,
         mut phase,
-        slot,
     } = task;
-    // Logs and metrics count intake connections from 1.
-    let intake = slot + 1;
     // However the task ends, no connection is live for the acker after it.
     let _dead_when_gone = MarkDeadOnDrop(live.clone());
     let mut handoff = Handoff {
-        intake: Some(intake_lanes),
+        intake: Some(intake),
         registrations: Some(registrations),
-        slot,
         next_token: 0,
         left_for_redelivery: metrics::counter!("geogate_mqtt_left_for_redelivery_total"),
-        taken: metrics::counter!("geogate_mqtt_messages_total", "intake" => intake.to_string()),
     };
     let mut backoff = Backoff::new();
     let mut connection: ConnectionId = 0;
@@ -250,8 +207,8 @@ pub async fn poll_loop(task: PollTask) {
     let mut requeue_failures = 0u64;
     let mut leaving_by: Option<Instant> = None;
     // Metric handles resolved once, not per message.
-    let mut subscribed = ConnectionFlag::new(metrics::gauge!("geogate_mqtt_subscribed"));
-    let mut connected_gauge = ConnectionFlag::new(metrics::gauge!("geogate_mqtt_connected"));
+    let subscribed = metrics::gauge!("geogate_mqtt_subscribed");
+    let connected_gauge = metrics::gauge!("geogate_mqtt_connected");
     loop {
         // Shutdown: stop taking messages, then leave once acks are flushed.
         let now_phase = *phase.borrow_and_update();
@@ -293,15 +250,14 @@ pub async fn poll_loop(task: PollTask) {
                 *live.lock() = Some(connection);
                 connected = true;
                 backoff.reset();
-                connected_gauge.set(true);
+                connected_gauge.set(1.0);
                 tracing::info!(
                     broker = %broker,
-                    intake,
                     connection,
                     session_present = ack.session_present,
                     "connected to broker"
                 );
-                subscribed.set(false);
+                subscribed.set(0.0);
                 requeue_failures = 0;
                 if leaving_by.is_none() {
                     subscription = subscribe_step(
@@ -340,11 +296,11 @@ pub async fn poll_loop(task: PollTask) {
                     .collect();
                 if refused.is_empty() {
                     subscription = Subscription::Confirmed;
-                    subscribed.set(true);
+                    subscribed.set(1.0);
                     let topics: Vec<&str> = filters.iter().map(|f| f.path.as_str()).collect();
-                    tracing::info!(intake, connection, "subscribed to {topics:?}");
+                    tracing::info!(connection, "subscribed to {topics:?}");
                 } else {
-                    subscribed.set(false);
+                    subscribed.set(0.0);
                     tracing::error!(
                         "the broker at {broker} refused the subscription to {refused:?} (or granted a lower QoS): check its ACL for mqtt.topics; asking again in {REFUSED_RETRY:?}"
                     );
@@ -373,8 +329,8 @@ pub async fn poll_loop(task: PollTask) {
                         handoff.publish(publish, connection).await;
                     }
                 }
-                connected_gauge.set(false);
-                subscribed.set(false);
+                connected_gauge.set(0.0);
+                subscribed.set(0.0);
                 subscription = Subscription::Idle;
                 metrics::counter!("geogate_mqtt_reconnects_total").increment(1);
                 let wait = backoff.step();
