@@ -98,8 +98,8 @@ impl Balance {
 }
 
 impl Accounting {
-    pub fn received(&self) {
-        self.received.0.fetch_add(1, Relaxed);
+    pub fn received(&self, count: u64) {
+        self.received.0.fetch_add(count, Relaxed);
     }
 
     pub fn invalid(&self, reason: Reason) {

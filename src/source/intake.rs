@@ -76,7 +76,7 @@ mod tests {
                 .unwrap();
         }
         let mut used = 0;
-        for lane in &mut lanes {
+        for (k, lane) in lanes.iter_mut().enumerate() {
             let mut last_of_topic = std::collections::HashMap::new();
             let mut got = 0;
             while let Ok(e) = lane.try_recv() {
@@ -85,7 +85,7 @@ mod tests {
                 if let Some(before) = last_of_topic.insert(e.topic.clone(), n) {
                     assert!(before < n, "{}: {before} then {n}", e.topic);
                 }
-                assert_eq!(intake.lane_of(&e.topic), intake.lane_of(&e.topic));
+                assert_eq!(intake.lane_of(&e.topic), k, "{} in lane {k}", e.topic);
             }
             used += usize::from(got > 0);
         }

@@ -86,11 +86,12 @@ impl<C: Clock> Router<C> {
         let received = metrics::counter!("geogate_events_received_total");
         let mut since_flush = 0;
         while let Some(batch) = intake.recv().await {
+            // Received = taken by the router: a message still in a decode
+            // lane at a crash was never counted, nor acked. Counted per
+            // batch: every message of it is routed before the next recv.
+            self.accounting.received(batch.len() as u64);
+            received.increment(batch.len() as u64);
             for decoded in batch {
-                // Received = taken by the router: a message still in a
-                // decode lane at a crash was never counted, nor acked.
-                self.accounting.received();
-                received.increment(1);
                 self.route_decoded(decoded).await;
                 since_flush += 1;
                 if since_flush >= BURST {
