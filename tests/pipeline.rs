@@ -302,6 +302,9 @@ fn sighup_swaps_fences_from_that_point_on() {
         None,
     ));
     geogate.wait_processed(2.0, 20);
+    // The broker lives in the geogate process: take both copies before it
+    // stops, or the collector's connection ends with the second in flight.
+    let over_mqtt = runtime.block_on(over_mqtt).expect("collector");
     let (ok, _) = geogate.terminate();
     assert!(ok);
     let events: Vec<(String, String)> = read_ndjson(&dir.path().join("events.ndjson"))
@@ -317,7 +320,6 @@ fn sighup_swaps_fences_from_that_point_on() {
         events,
         [("enter".into(), "A".into()), ("enter".into(), "C".into())]
     );
-    let over_mqtt = runtime.block_on(over_mqtt).expect("collector");
     assert_eq!(
         over_mqtt,
         read_ndjson(&dir.path().join("events.ndjson")),
