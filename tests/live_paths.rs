@@ -8,14 +8,14 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use support::geogate::{
     END_OF_TEST, FENCES_AB, GeogateProcess, collect_events_until_end, crossing_fixes, exclusive,
-    native, publish_all, read_ndjson, setup, wait_until,
+    native, publish_all, read_ndjson, read_ndjson_so_far, setup, wait_until,
 };
 
 const T0: i64 = 1_750_000_000_000;
 
 /// (event, fence) of every transition, in file order.
 fn transitions(dir: &Path) -> Vec<(String, String)> {
-    read_ndjson(&dir.join("events.ndjson"))
+    read_ndjson_so_far(&dir.join("events.ndjson"))
         .iter()
         .map(|e| {
             (

@@ -9,7 +9,8 @@ mod support;
 use std::collections::BTreeSet;
 use std::path::Path;
 use support::geogate::{
-    GeogateProcess, Message, crossing_fixes, exclusive, publish_all, read_ndjson, setup, wait_until,
+    GeogateProcess, Message, crossing_fixes, exclusive, publish_all, read_ndjson,
+    read_ndjson_so_far, setup, wait_until,
 };
 
 /// `n` payloads that are not JSON, numbered so each record can be found.
@@ -93,9 +94,9 @@ fn a_dead_letter_on_a_full_device_acks_nothing_and_shuts_down_cleanly() {
     point(&dead_letter, &dir.path().join("dead-letter-real.ndjson"));
     geogate.restart();
     wait_until(30, "all 20 records", || {
-        read_ndjson(&dead_letter).len() >= 20
+        read_ndjson_so_far(&dead_letter).len() >= 20
     });
-    let records = read_ndjson(&dead_letter);
+    let records = read_ndjson_so_far(&dead_letter);
     let payloads: BTreeSet<_> = records
         .iter()
         .map(|r| r["payload"].as_str().unwrap_or("").to_owned())
