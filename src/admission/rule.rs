@@ -92,9 +92,16 @@ impl Admission {
         matches!(self.gate, AnyGate::LeakyShaper(_))
     }
 
-    /// Decides on an event of `priority` arriving at `now` when `fill` of
-    /// the queue's `capacity` slots are taken.
-    pub fn decide(&mut self, fill: usize, priority: Priority, now: Nanos) -> Verdict {
+    /// Decides on an event of `priority` arriving at `now()` when `fill` of
+    /// the queue's `capacity` slots are taken. `now` is called only when
+    /// the gate is asked: below the watermark (most events) the live
+    /// router reads no clock.
+    pub fn decide(
+        &mut self,
+        fill: usize,
+        priority: Priority,
+        now: impl FnOnce() -> Nanos,
+    ) -> Verdict {
         match self.policy.route(fill, priority) {
             Route::Enqueue | Route::Backpressure => Verdict::Enqueue,
             Route::Gate => {
@@ -105,7 +112,7 @@ impl Admission {
                 if let Some(refused @ (Spend::Exhausted { .. } | Spend::Unavailable)) = global {
                     return Verdict::Shed(ShedCause::Global(refused));
                 }
-                match self.gate.try_admit(now, 1) {
+                match self.gate.try_admit(now(), 1) {
                     super::Decision::Admit { release_at } => {
                         if let Some(allowance) = &self.global {
                             match global {
@@ -163,7 +170,7 @@ mod tests {
                 now += dt;
                 let fill = fill.min(capacity);
                 let priority = if high { Priority::High } else { Priority::Low };
-                let verdict = rule.decide(fill, priority, now);
+                let verdict = rule.decide(fill, priority, || now);
                 let below = fill < rule.policy().threshold();
                 if high || below {
                     prop_assert_eq!(verdict, Verdict::Enqueue);

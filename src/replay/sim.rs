@@ -226,7 +226,7 @@ pub fn simulate_steps(
         if fix.priority == Priority::Low {
             report.low_offered += 1;
         }
-        let verdict = admissions[s].decide(len, fix.priority, t);
+        let verdict = admissions[s].decide(len, fix.priority, || t);
         match verdict {
             Verdict::Enqueue => {
                 // A full queue makes the router wait until there is room.

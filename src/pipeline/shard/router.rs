@@ -224,9 +224,15 @@ impl<C: Clock> Router<C> {
             received_at: item.received_at,
             redelivered: item.redelivered,
         };
-        let now = self.clock.now();
         let shard = &mut self.shards[shard_index];
-        let verdict = shard.admission.decide(shard.len(), fix.priority, now);
+        let clock = &self.clock;
+        let mut read_at = None;
+        let verdict = shard
+            .admission
+            .decide(shard.len(), fix.priority, || *read_at.insert(clock.now()));
+        // The gate's paths read the clock in `decide`; the gauge shows its
+        // level at that instant.
+        let gate_time = || read_at.unwrap_or_else(|| clock.now());
         let cause = match verdict {
             Verdict::Enqueue => {
                 if shard.is_full() {
@@ -239,7 +245,7 @@ impl<C: Clock> Router<C> {
                 return Some(verdict);
             }
             Verdict::Release { at } => {
-                shard.level.set(shard.admission.level(now));
+                shard.level.set(shard.admission.level(gate_time()));
                 shard.gate_admitted.increment(1);
                 self.accounting.admitted();
                 shard.admitted[Priority::Low as usize].increment(1);
@@ -255,7 +261,7 @@ impl<C: Clock> Router<C> {
                 retry_after,
                 reason,
             } => {
-                shard.level.set(shard.admission.level(now));
+                shard.level.set(shard.admission.level(gate_time()));
                 (format!("{reason:?}"), retry_after)
             }
             ShedCause::Global(spend) => {
