@@ -11,10 +11,10 @@ use tokio::sync::mpsc;
 
 /// Most messages a lane decodes before handing them over. A lane takes
 /// what is waiting, so under light load a batch is one message and adds no
-/// latency; in a backlog, fewer and larger hand-offs mean fewer wake-ups:
-/// 256 against 64 was 1.12× [1.11–1.15] in-process (benches/pipeline.rs,
-/// 5 alternating rounds, 2 shards).
-const BATCH: usize = 256;
+/// latency; in a backlog, fewer and larger hand-offs mean fewer wake-ups.
+/// In-process (benches/pipeline.rs, 2 shards, 5 alternating rounds): 256
+/// against 64 was 1.12× [1.11–1.15], 512 against 256 1.07× [1.01–1.11].
+const BATCH: usize = 512;
 
 /// An envelope and what its payload decoded to.
 #[derive(Debug)]
