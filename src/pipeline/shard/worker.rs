@@ -78,6 +78,7 @@ pub async fn worker(
             break;
         }
         let mut finished = Finished::new(ctx.counters.clone());
+        finished.messages.reserve_exact(received);
         let mut transitions = Vec::new();
         let mut past_deadline = false;
         // Read under the watch's lock once per batch, and again only when
