@@ -137,7 +137,7 @@ fn describe() {
     describe_histogram!(
         "geogate_evaluation_duration_seconds",
         Unit::Seconds,
-        "Time to evaluate one fix."
+        "Time to evaluate one fix, with the worker's per-fix bookkeeping (its counters and this histogram's own sample)."
     );
     describe_histogram!(
         "geogate_end_to_end_latency_seconds",

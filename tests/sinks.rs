@@ -102,6 +102,7 @@ fn a_dead_letter_on_a_full_device_acks_nothing_and_shuts_down_cleanly() {
         .map(|r| r["payload"].as_str().unwrap_or("").to_owned())
         .collect();
     assert_eq!(payloads.len(), 20, "each once: {records:?}");
+    assert_eq!(records.len(), 20, "each once: {records:?}");
     assert!(records.iter().all(|r| r["reason"] == "malformed_json"));
     assert_eq!(geogate.series(DL_HEALTHY), 1.0);
 }
