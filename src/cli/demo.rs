@@ -187,6 +187,19 @@ pub async fn run(
             }
         })
     };
+    match tokio::time::timeout(Duration::from_secs(30), view.subscribed()).await {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(DemoError::Setup(
+                "the pipeline stopped before it subscribed".into(),
+            ));
+        }
+        Err(_) => {
+            return Err(DemoError::Setup(format!(
+                "not subscribed to the embedded broker at {url} after 30 s"
+            )));
+        }
+    }
     let (published, _) = replay_live(&records, &url, Pacing::Speed(demo.speed), false).await?;
     // Wait (≤ 30 s) until everything received has been handled.
     let deadline = Instant::now() + Duration::from_secs(30);

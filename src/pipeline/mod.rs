@@ -94,9 +94,18 @@ pub struct PipelineView {
     queues: Vec<mpsc::WeakSender<shard::Admitted>>,
     pub queue_capacity: usize,
     pub watermark: f64,
+    subscribed: watch::Receiver<bool>,
 }
 
 impl PipelineView {
+    /// Resolves once every MQTT filter is confirmed (false if the pipeline
+    /// ended first). A broker routes only to existing subscriptions, so a
+    /// publisher in this process that started earlier would lose its first
+    /// messages.
+    pub async fn subscribed(&self) -> bool {
+        self.subscribed.clone().wait_for(|s| *s).await.is_ok()
+    }
+
     /// Each shard's queue fill as a fraction of its capacity.
     pub fn queue_fill(&self) -> Vec<f64> {
         self.queues
@@ -337,6 +346,7 @@ pub async fn run(
     };
     let decoded = decode::start(intake_lanes, config.codec.clone());
     let router = router.spawn(decoded);
+    let (subscribed_tx, subscribed_rx) = watch::channel(false);
     let poll = tokio::spawn(mqtt::poll_loop(PollTask {
         client,
         eventloop,
@@ -346,12 +356,14 @@ pub async fn run(
         registrations: registrations_tx,
         live,
         phase: control.watch(),
+        subscribed: subscribed_tx,
     }));
     let view = PipelineView {
         accounting: accounting.clone(),
         queues,
         queue_capacity: capacity,
         watermark: config.pipeline.watermark,
+        subscribed: subscribed_rx,
     };
     crate::metrics::register_zero_series(shard_count, config.gate.kind.as_str());
     metrics::gauge!("geogate_queue_watermark").set(config.pipeline.watermark);

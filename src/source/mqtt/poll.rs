@@ -97,6 +97,9 @@ pub struct PollTask {
     pub registrations: mpsc::UnboundedSender<Registration>,
     pub live: Arc<LiveConnection>,
     pub phase: watch::Receiver<Phase>,
+    /// True while every filter is confirmed, for in-process publishers
+    /// (the demo) that must not publish before the broker routes to us.
+    pub subscribed: watch::Sender<bool>,
 }
 
 /// Where the subscription of the current connection stands.
@@ -180,6 +183,20 @@ enum Wake {
     GraceOver,
 }
 
+/// `geogate_mqtt_subscribed` for operators, and the same fact for callers
+/// in this process.
+struct SubscribedFlag {
+    gauge: metrics::Gauge,
+    watch: watch::Sender<bool>,
+}
+
+impl SubscribedFlag {
+    fn set(&self, confirmed: bool) {
+        self.gauge.set(if confirmed { 1.0 } else { 0.0 });
+        self.watch.send_replace(confirmed);
+    }
+}
+
 /// Drives the connection until shutdown has flushed every ack.
 pub async fn poll_loop(task: PollTask) {
     let PollTask {
@@ -191,6 +208,7 @@ pub async fn poll_loop(task: PollTask) {
         registrations,
         live,
         mut phase,
+        subscribed,
     } = task;
     // However the task ends, no connection is live for the acker after it.
     let _dead_when_gone = MarkDeadOnDrop(live.clone());
@@ -207,7 +225,10 @@ pub async fn poll_loop(task: PollTask) {
     let mut requeue_failures = 0u64;
     let mut leaving_by: Option<Instant> = None;
     // Metric handles resolved once, not per message.
-    let subscribed = metrics::gauge!("geogate_mqtt_subscribed");
+    let subscribed = SubscribedFlag {
+        gauge: metrics::gauge!("geogate_mqtt_subscribed"),
+        watch: subscribed,
+    };
     let connected_gauge = metrics::gauge!("geogate_mqtt_connected");
     loop {
         // Shutdown: stop taking messages, then leave once acks are flushed.
@@ -257,7 +278,7 @@ pub async fn poll_loop(task: PollTask) {
                     session_present = ack.session_present,
                     "connected to broker"
                 );
-                subscribed.set(0.0);
+                subscribed.set(false);
                 requeue_failures = 0;
                 if leaving_by.is_none() {
                     subscription = subscribe_step(
@@ -296,11 +317,11 @@ pub async fn poll_loop(task: PollTask) {
                     .collect();
                 if refused.is_empty() {
                     subscription = Subscription::Confirmed;
-                    subscribed.set(1.0);
+                    subscribed.set(true);
                     let topics: Vec<&str> = filters.iter().map(|f| f.path.as_str()).collect();
                     tracing::info!(connection, "subscribed to {topics:?}");
                 } else {
-                    subscribed.set(0.0);
+                    subscribed.set(false);
                     tracing::error!(
                         "the broker at {broker} refused the subscription to {refused:?} (or granted a lower QoS): check its ACL for mqtt.topics; asking again in {REFUSED_RETRY:?}"
                     );
@@ -330,7 +351,7 @@ pub async fn poll_loop(task: PollTask) {
                     }
                 }
                 connected_gauge.set(0.0);
-                subscribed.set(0.0);
+                subscribed.set(false);
                 subscription = Subscription::Idle;
                 metrics::counter!("geogate_mqtt_reconnects_total").increment(1);
                 let wait = backoff.step();
