@@ -24,7 +24,8 @@ received to all evaluated or dead-lettered, from /metrics polled every 5 ms
 from the moment the process starts, so the rate is if anything understated).
 
 Usage: .venv/bin/python benches/e2e.py [--vehicles V] [--phase live|preloaded|both] [--skip-peer]
-       GEOGATE_STATE_BACKEND=memory ... runs geogate with the memory state backend.
+       GEOGATE_STATE_BACKEND=memory ... runs geogate with the memory state backend;
+       GEOGATE_BIN=path ... runs another build (to alternate two builds run by run).
 Needs: mosquitto, mosquitto_sub, target/release/geogate, Shapely 2, paho-mqtt.
 """
 import argparse
@@ -38,7 +39,8 @@ import time
 from harness import free_port, scrape, start_mosquitto, synth_capture
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GEOGATE = os.path.join(ROOT, "target/release/geogate")
+# GEOGATE_BIN: another build, to alternate two builds run by run.
+GEOGATE = os.environ.get("GEOGATE_BIN") or os.path.join(ROOT, "target/release/geogate")
 PEER = os.path.join(ROOT, "benches/peers/paho_shapely.py")
 FENCES = os.path.join(ROOT, "config/fences.geojson")
 TOPICS = ["-t", "fleet/+/telemetry", "-t", "owntracks/+/+"]

@@ -205,6 +205,11 @@ fn acks_answer_only_their_own_connection() {
         "acks before the message was finished: {:?}",
         report.early
     );
+    assert!(
+        report.out_of_order.is_empty(),
+        "acks out of publish order: {:?}",
+        report.out_of_order
+    );
     // The faults hit: messages of dead connections were finished and not
     // acked (their redelivered copies were, for a kept session).
     let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
@@ -227,6 +232,45 @@ fn acks_answer_only_their_own_connection() {
     assert_eq!(unique.len(), enters.len(), "an enter repeated");
     let line = support::geogate::accounting_line(&stdout);
     assert!(line.contains("+ out_of_order 0 +"), "{line}");
+}
+
+/// A fast drain: on the wire every message is acked once, after it was
+/// finished, in publish order, and promptly (not left for a later packet
+/// to carry out).
+#[test]
+fn a_drained_backlog_is_acked_once_in_order_and_promptly() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = Proxy::observing(
+        broker.port,
+        finished_by_events_file(dir.path().join("events.ndjson")),
+    );
+    let geogate = GeogateProcess::start(dir.path(), &setup(proxy.port, "ack-drain", ""));
+    let fixes = crossing_fixes("d", 50, 0, 3000);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(publish_all(broker.port, &fixes, None));
+    wait_until(60, "every fix handed to be acked", || {
+        geogate.series(r#"geogate_mqtt_acks_total{outcome="acked"}"#) >= 3000.0
+    });
+    // Well inside the 30 s keep-alive: an ack stranded in a queue would
+    // only go out with the next PINGREQ.
+    wait_until(10, "every ack on the wire", || {
+        proxy.report().good_acks >= 3000
+    });
+    let (ok, stdout) = geogate.terminate();
+    assert!(ok, "{stdout}");
+    let report = proxy.report();
+    assert_eq!(report.connections, 1, "{report:?}");
+    assert_eq!(report.publishes, 3000, "{report:?}");
+    assert_eq!(report.good_acks, 3000, "{report:?}");
+    assert!(report.stale_or_double.is_empty(), "{report:?}");
+    assert!(report.early.is_empty(), "{report:?}");
+    assert!(report.out_of_order.is_empty(), "{report:?}");
+    let line = support::geogate::accounting_line(&stdout);
+    assert!(line.starts_with("accounting: received 3000 "), "{line}");
 }
 
 #[test]

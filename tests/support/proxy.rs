@@ -28,12 +28,20 @@ pub struct AckReport {
     pub stale_or_double: Vec<(usize, u16)>,
     /// PubAcks sent before geogate had finished the message they ack.
     pub early: Vec<(usize, u16, String)>,
+    /// PubAcks that came after the ack of a later publish on their
+    /// connection (MQTT asks for PUBACKs in PUBLISH order).
+    pub out_of_order: Vec<(usize, u16)>,
 }
 
 struct Observer {
     finished: Finished,
-    /// Per connection: packet id → payload of outstanding QoS 1 publishes.
-    outstanding: HashMap<usize, HashMap<u16, Vec<u8>>>,
+    /// Per connection: packet id → (arrival number, payload) of
+    /// outstanding QoS 1 publishes.
+    outstanding: HashMap<usize, HashMap<u16, (u64, Vec<u8>)>>,
+    /// Publishes seen, numbering their arrival.
+    arrivals: u64,
+    /// Per connection: the arrival number of the last publish acked.
+    last_acked: HashMap<usize, u64>,
     report: AckReport,
 }
 
@@ -74,6 +82,8 @@ impl Proxy {
         let observer = Observer {
             finished,
             outstanding: HashMap::new(),
+            arrivals: 0,
+            last_acked: HashMap::new(),
             report: AckReport::default(),
         };
         Self::spawn(upstream, Duration::ZERO, Some(Mutex::new(observer)))
@@ -322,13 +332,22 @@ fn observe(o: &mut Observer, conn: usize, dir: Direction, p: &Packet) {
             let pkid = u16::from_be_bytes([id[0], id[1]]);
             let payload = p.body[4 + topic_len..].to_vec();
             o.report.publishes += 1;
-            o.outstanding.entry(conn).or_default().insert(pkid, payload);
+            o.arrivals += 1;
+            o.outstanding
+                .entry(conn)
+                .or_default()
+                .insert(pkid, (o.arrivals, payload));
         }
         (Direction::ToBroker, 4) if p.body.len() >= 2 => {
             let pkid = u16::from_be_bytes([p.body[0], p.body[1]]);
             match o.outstanding.entry(conn).or_default().remove(&pkid) {
                 None => o.report.stale_or_double.push((conn, pkid)),
-                Some(payload) => {
+                Some((arrival, payload)) => {
+                    let last = o.last_acked.entry(conn).or_default();
+                    if arrival < *last {
+                        o.report.out_of_order.push((conn, pkid));
+                    }
+                    *last = arrival.max(*last);
                     if (o.finished)(&payload) {
                         o.report.good_acks += 1;
                     } else {
