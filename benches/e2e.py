@@ -74,14 +74,30 @@ def mosquitto_sub(qos, client_id=None, register_only=False):
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid):
+    """User + system CPU time a live process has used so far."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
 def drain_rate(qos, client_id):
     """mosquitto_sub draining its queued session with no per-message output
     (formatting and writing a line per message was its own bottleneck):
-    messages over the process's wall time, connect included."""
+    messages over the process's wall time, connect included. Also the CPUs
+    the broker and mosquitto_sub kept busy meanwhile (CPU s / wall s)."""
     cmd = ["mosquitto_sub", "-p", str(port), "-q", str(qos), "-c", "-i", client_id, "-C", str(N)] + TOPICS
+    broker_before, children_before = cpu_seconds(broker.pid), os.times()
     started = time.perf_counter()
     subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True, timeout=600)
-    return N, round(N / (time.perf_counter() - started))
+    wall = time.perf_counter() - started
+    children = os.times()
+    consumer = (children.children_user + children.children_system
+                - children_before.children_user - children_before.children_system)
+    return N, round(N / wall), {"broker_cpu": round((cpu_seconds(broker.pid) - broker_before) / wall, 2),
+                                "consumer_cpu": round(consumer / wall, 2)}
 
 
 def sub_rate(proc):
@@ -124,8 +140,11 @@ def start_geogate(client_id, qos, wait_connected=True):
 
 
 def geogate_rate(proc, mport):
+    """Messages over the time from the first received to all finished, and
+    the CPUs the broker and geogate kept busy over that time."""
     first = last = None
     done = transitions = 0
+    cpu_at_first = cpu = None
     while True:
         m = scrape(mport)
         now = time.perf_counter()
@@ -134,8 +153,11 @@ def geogate_rate(proc, mport):
                                          "geogate_events_shed_total", "geogate_fixes_out_of_order_total"))
         if got > 0 and first is None:
             first = now
+            cpu_at_first = (cpu_seconds(broker.pid), cpu_seconds(proc.pid))
         if done >= N:
             last = now
+            cpu = {"broker_cpu": round((cpu_seconds(broker.pid) - cpu_at_first[0]) / (last - first), 2),
+                   "consumer_cpu": round((cpu_seconds(proc.pid) - cpu_at_first[1]) / (last - first), 2)}
             transitions = int(m.get("geogate_fence_transitions_total", 0))
             break
         if first and now - first > 300:
@@ -143,7 +165,7 @@ def geogate_rate(proc, mport):
         time.sleep(0.005)
     proc.terminate()
     accounting = proc.communicate(timeout=60)[0].strip()
-    return int(done), (round(done / (last - first)) if last else 0), accounting, transitions
+    return int(done), (round(done / (last - first)) if last else 0), accounting, transitions, cpu
 
 
 def peer(client_id=None, register_only=False):
@@ -173,7 +195,7 @@ if args.phase in ("live", "both"):
     for qos in (0, 1):
         gg, mport = start_geogate(f"live-{qos}-{time.time_ns()}", qos)
         pub = publish_background()
-        done, rate, accounting, transitions = geogate_rate(gg, mport)
+        done, rate, accounting, transitions, _ = geogate_rate(gg, mport)
         pub.wait()
         record("live", f"geogate run qos{qos}", done, rate, accounting=accounting, transitions=transitions)
     p = peer()
@@ -199,14 +221,15 @@ if args.phase in ("preloaded", "both"):
     publish_all()
     time.sleep(0.5)
     for qos in (0, 1):
-        record("preloaded", f"mosquitto_sub qos{qos}", *drain_rate(qos, ids[f"sub{qos}"]))
+        messages, rate, cpu = drain_rate(qos, ids[f"sub{qos}"])
+        record("preloaded", f"mosquitto_sub qos{qos}", messages, rate, **cpu)
     for qos in (0, 1):
         # Polling starts before the connection: the broker empties the queue
         # into the socket the moment the session resumes.
         gg, mport = start_geogate(ids[f"gg{qos}"], qos, wait_connected=False)
-        done, rate, accounting, transitions = geogate_rate(gg, mport)
+        done, rate, accounting, transitions, cpu = geogate_rate(gg, mport)
         record("preloaded", f"geogate run qos{qos}", done, rate, accounting=accounting,
-               transitions=transitions)
+               transitions=transitions, **(cpu or {}))
     if not args.skip_peer:
         out, _ = peer(ids["peer"]).communicate(timeout=900)
         r = json.loads(out)

@@ -257,6 +257,8 @@ listen = "127.0.0.1:{metrics_port}"
         command
             .args(&self.args)
             .args(&self.extra_args)
+            // As shipped: huge pages off (see `keep_huge_pages_off`).
+            .env_remove("MIMALLOC_ALLOW_THP")
             .stdout(Stdio::piped())
             .stderr(stderr);
         // A crash point applies to one run: the restart runs through.
