@@ -12,7 +12,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// is set (mimalloc's own switch: `=1` keeps them on). With THP on, the
 /// first touch of each fresh 2 MiB region zeroes all of it: a freshly
 /// started geogate draining a backlog spent 15% of its samples in the
-/// kernel zeroing pages. Off, its CPU per message fell by 7% while the
+/// kernel zeroing pages. Off, its CPU per message fell by about 10% while the
 /// steady-state pipeline and containment were level (BENCHMARKS.md, "Huge
 /// pages"). Best effort: a kernel without the call keeps its default.
 fn keep_huge_pages_off() {
