@@ -8,22 +8,6 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Transparent huge pages off for this process, unless `MIMALLOC_ALLOW_THP`
-/// is set (mimalloc's own switch: `=1` keeps them on). With THP on, the
-/// first touch of each fresh 2 MiB region zeroes all of it: a freshly
-/// started geogate draining a backlog spent 15% of its samples in the
-/// kernel zeroing pages. Off, its CPU per message fell by about 10% while the
-/// steady-state pipeline and containment were level (BENCHMARKS.md, "Huge
-/// pages"). Best effort: a kernel without the call keeps its default.
-fn keep_huge_pages_off() {
-    #[cfg(target_os = "linux")]
-    if std::env::var_os("MIMALLOC_ALLOW_THP").is_none() {
-        // SAFETY: PR_SET_THP_DISABLE takes integers and only sets a flag
-        // on this process's memory map.
-        unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
-    }
-}
-
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use geogate::cli::eval::evaluate_positions;
@@ -37,6 +21,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 mod commands;
+mod huge_pages;
 
 #[derive(Parser)]
 #[command(
@@ -263,7 +248,7 @@ enum FencesCommand {
 }
 
 fn main() -> Result<ExitCode> {
-    keep_huge_pages_off();
+    huge_pages::keep_off_unless_asked();
     let cli = Cli::parse();
     match cli.command {
         Command::Fences(FencesCommand::Check { file, format }) => fences_check(file, format),
