@@ -4,7 +4,7 @@
 //! With THP on, the first touch of each fresh 2 MiB region zeroes all of
 //! it: a freshly started geogate draining a backlog spent 15% of its
 //! samples in the kernel zeroing pages. Off, its CPU per message fell by
-//! about 10% while the steady-state pipeline and containment were level
+//! 10–15% while the steady-state pipeline and containment were level
 //! (BENCHMARKS.md, "Huge pages").
 
 use std::ffi::OsString;
