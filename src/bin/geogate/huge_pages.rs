@@ -4,8 +4,8 @@
 //! With THP on, the first touch of each fresh 2 MiB region zeroes all of
 //! it: a freshly started geogate draining a backlog spent 15% of its
 //! samples in the kernel zeroing pages. Off, its CPU per message fell by
-//! 10–15% while the steady-state pipeline and containment were level
-//! (BENCHMARKS.md, "Huge pages").
+//! about 10% (7–15% over three sets) while the steady-state pipeline and
+//! containment were level (BENCHMARKS.md, "Huge pages").
 
 use std::ffi::OsString;
 
@@ -14,8 +14,9 @@ const SWITCH: &str = "MIMALLOC_ALLOW_THP";
 
 /// Whether the environment keeps huge pages on: `MIMALLOC_ALLOW_THP` set to
 /// a value mimalloc takes as true (empty, true, yes, on, or a number other
-/// than 0). `0`, false, no and off turn them off, as mimalloc itself then
-/// does; a value mimalloc cannot read leaves geogate's default (off).
+/// than 0, leading blanks allowed). `0`, false, no and off turn them off,
+/// as mimalloc itself then does. A value mimalloc cannot read leaves
+/// geogate's default (off), where mimalloc alone would keep them on.
 pub fn kept_on(vars: impl IntoIterator<Item = (OsString, OsString)>) -> bool {
     vars.into_iter()
         .find(|(name, _)| {
@@ -23,9 +24,12 @@ pub fn kept_on(vars: impl IntoIterator<Item = (OsString, OsString)>) -> bool {
                 .is_some_and(|n| n.eq_ignore_ascii_case(SWITCH))
         })
         .is_some_and(|(_, value)| {
-            let value = value.to_string_lossy().to_ascii_uppercase();
+            let value = value.to_string_lossy().trim_start().to_ascii_uppercase();
+            let digits = value.strip_prefix(['-', '+']).unwrap_or(&value);
             matches!(value.as_str(), "" | "TRUE" | "YES" | "ON")
-                || value.parse::<i64>().is_ok_and(|n| n != 0)
+                || (!digits.is_empty()
+                    && digits.bytes().all(|b| b.is_ascii_digit())
+                    && digits.bytes().any(|b| b != b'0'))
         })
 }
 
@@ -71,10 +75,20 @@ mod tests {
     fn only_a_true_switch_keeps_huge_pages() {
         assert!(!kept_on(env(&[])));
         assert!(!kept_on(env(&[("PATH", "/bin")])));
-        for on in ["1", "2", "true", "YES", "On", ""] {
+        for on in [
+            "1",
+            "2",
+            "-1",
+            " 1",
+            "99999999999999999999",
+            "true",
+            "YES",
+            "On",
+            "",
+        ] {
             assert!(kept_on(env(&[("MIMALLOC_ALLOW_THP", on)])), "{on:?}");
         }
-        for off in ["0", "false", "no", "off", "2x"] {
+        for off in ["0", "00", "false", "no", "off", "2x", "-"] {
             assert!(!kept_on(env(&[("MIMALLOC_ALLOW_THP", off)])), "{off:?}");
         }
         assert!(kept_on(env(&[("mimalloc_allow_thp", "1")])));
