@@ -257,7 +257,7 @@ listen = "127.0.0.1:{metrics_port}"
         command
             .args(&self.args)
             .args(&self.extra_args)
-            // As shipped: huge pages off (see `keep_huge_pages_off`).
+            // As shipped: huge pages off (`huge_pages::keep_off_unless_asked`).
             .env_remove("MIMALLOC_ALLOW_THP")
             .stdout(Stdio::piped())
             .stderr(stderr);

@@ -17,6 +17,7 @@ const SWITCH: &str = "MIMALLOC_ALLOW_THP";
 /// than 0, leading blanks allowed). `0`, false, no and off turn them off,
 /// as mimalloc itself then does. A value mimalloc cannot read leaves
 /// geogate's default (off), where mimalloc alone would keep them on.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 pub fn kept_on(vars: impl IntoIterator<Item = (OsString, OsString)>) -> bool {
     vars.into_iter()
         .find(|(name, _)| {
