@@ -159,7 +159,7 @@ def geogate_rate(proc, mport):
     started = time.perf_counter()
     first = last = connected = None
     done = transitions = 0
-    cpu_at_first = cpu = None
+    cpu_at_connect = cpu = None
     while True:
         m = scrape(mport)
         now = time.perf_counter()
@@ -168,7 +168,7 @@ def geogate_rate(proc, mport):
                                          "geogate_events_shed_total", "geogate_fixes_out_of_order_total"))
         if connected is None and (got > 0 or m.get("geogate_mqtt_connected", 0) >= 1):
             connected = now
-            cpu_at_first = (cpu_seconds(broker.pid), cpu_seconds(proc.pid))
+            cpu_at_connect = (cpu_seconds(broker.pid), cpu_seconds(proc.pid))
         if got > 0 and first is None:
             first = now
         if done >= N:
@@ -182,8 +182,8 @@ def geogate_rate(proc, mport):
     if last is not None and last > first:
         window = last - connected
         cpu = {"rate_from_connect": round(done / window),
-               "broker_cpu": round((cpu_seconds(broker.pid) - cpu_at_first[0]) / window, 2),
-               "consumer_cpu": round((cpu_seconds(proc.pid) - cpu_at_first[1]) / window, 2)}
+               "broker_cpu": round((cpu_seconds(broker.pid) - cpu_at_connect[0]) / window, 2),
+               "consumer_cpu": round((cpu_seconds(proc.pid) - cpu_at_connect[1]) / window, 2)}
     elif last is not None:
         # One poll saw the whole drain: no window to time.
         print("warning: geogate's drain was not timed (no poll fell inside it)", file=sys.stderr)

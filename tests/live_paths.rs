@@ -372,51 +372,14 @@ fn huge_pages_are_off_unless_mimalloc_allow_thp_keeps_them() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let geogate = GeogateProcess::start(dir.path(), &setup(broker.port, "thp", ""));
-    assert_eq!(
-        thp_enabled(&geogate.pid().to_string()).as_deref(),
-        Some("0")
-    );
+    let mut geogate = GeogateProcess::start(dir.path(), &setup(broker.port, "thp", ""));
+    let thp_of = |geogate: &GeogateProcess| thp_enabled(&geogate.pid().to_string());
+    assert_eq!(thp_of(&geogate).as_deref(), Some("0"));
+    geogate.kill();
+    geogate.set_env("MIMALLOC_ALLOW_THP", "1");
+    // Subscribed, so well past main's first line.
+    geogate.restart();
+    assert_eq!(thp_of(&geogate).as_deref(), Some("1"));
     let (ok, _) = geogate.terminate();
     assert!(ok);
-
-    let config = dir.path().join("kept.toml");
-    let text = GeogateProcess::config(
-        dir.path(),
-        &setup(broker.port, "thp-kept", ""),
-        support::free_port(),
-    );
-    std::fs::write(&config, text).unwrap();
-    let log = dir.path().join("kept.log");
-    let kept = KillOnDrop(
-        std::process::Command::new(env!("CARGO_BIN_EXE_geogate"))
-            .args(["run", "--config"])
-            .arg(&config)
-            .env("MIMALLOC_ALLOW_THP", "1")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    // Past main's first line once it has subscribed.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !std::fs::read_to_string(&log).is_ok_and(|l| l.contains("subscribed")) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the second geogate did not subscribe:\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    assert_eq!(thp_enabled(&kept.0.id().to_string()).as_deref(), Some("1"));
-}
-
-/// A child killed and reaped however the test ends.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }

@@ -26,6 +26,8 @@ pub struct GeogateProcess {
     crash_point: Option<String>,
     /// Arguments added to the next spawns (see [`Self::set_args`]).
     extra_args: Vec<String>,
+    /// Environment added to the next spawns (see [`Self::set_env`]).
+    extra_env: Vec<(String, String)>,
 }
 
 /// Settings that vary between tests.
@@ -128,6 +130,7 @@ listen = "127.0.0.1:{metrics_port}"
             uid,
             crash_point: None,
             extra_args: Vec::new(),
+            extra_env: Vec::new(),
         };
         p.spawn();
         p
@@ -157,6 +160,7 @@ listen = "127.0.0.1:{metrics_port}"
             uid: None,
             crash_point: Some(point.to_owned()),
             extra_args: Vec::new(),
+            extra_env: Vec::new(),
         };
         p.spawn();
         p.wait_for_log("subscribed", 1);
@@ -195,6 +199,11 @@ listen = "127.0.0.1:{metrics_port}"
     /// Extra arguments for the next spawns (e.g. `--reset-state`).
     pub fn set_args(&mut self, extra: &[&str]) {
         self.extra_args = extra.iter().map(|a| a.to_string()).collect();
+    }
+
+    /// An environment variable for the next spawns.
+    pub fn set_env(&mut self, name: &str, value: &str) {
+        self.extra_env.push((name.to_owned(), value.to_owned()));
     }
 
     /// Starts the process. The metrics port was picked by binding and
@@ -257,8 +266,10 @@ listen = "127.0.0.1:{metrics_port}"
         command
             .args(&self.args)
             .args(&self.extra_args)
-            // As shipped: huge pages off (`huge_pages::keep_off_unless_asked`).
+            // As shipped: huge pages off (`huge_pages::keep_off_unless_asked`),
+            // unless a test sets the switch.
             .env_remove("MIMALLOC_ALLOW_THP")
+            .envs(self.extra_env.iter().map(|(n, v)| (n, v)))
             .stdout(Stdio::piped())
             .stderr(stderr);
         // A crash point applies to one run: the restart runs through.

@@ -36,12 +36,11 @@ pub struct AckReport {
 struct Observer {
     finished: Finished,
     /// Per connection: packet id → (arrival number, payload) of
-    /// outstanding QoS 1 publishes.
-    outstanding: HashMap<usize, HashMap<u16, (u64, Vec<u8>)>>,
-    /// Publishes seen, numbering their arrival.
-    arrivals: u64,
+    /// outstanding QoS 1 publishes; a publish's arrival number is the
+    /// count of publishes seen with it (`report.publishes`).
+    outstanding: HashMap<usize, HashMap<u16, (usize, Vec<u8>)>>,
     /// Per connection: the arrival number of the last publish acked.
-    last_acked: HashMap<usize, u64>,
+    last_acked: HashMap<usize, usize>,
     report: AckReport,
 }
 
@@ -82,7 +81,6 @@ impl Proxy {
         let observer = Observer {
             finished,
             outstanding: HashMap::new(),
-            arrivals: 0,
             last_acked: HashMap::new(),
             report: AckReport::default(),
         };
@@ -332,11 +330,10 @@ fn observe(o: &mut Observer, conn: usize, dir: Direction, p: &Packet) {
             let pkid = u16::from_be_bytes([id[0], id[1]]);
             let payload = p.body[4 + topic_len..].to_vec();
             o.report.publishes += 1;
-            o.arrivals += 1;
             o.outstanding
                 .entry(conn)
                 .or_default()
-                .insert(pkid, (o.arrivals, payload));
+                .insert(pkid, (o.report.publishes, payload));
         }
         (Direction::ToBroker, 4) if p.body.len() >= 2 => {
             let pkid = u16::from_be_bytes([p.body[0], p.body[1]]);
