@@ -242,6 +242,19 @@ impl Pipeline {
     }
 }
 
+/// CPU seconds this process has used (every thread, user and system).
+fn process_cpu_seconds() -> f64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the struct it is given; zeroed is a valid
+    // rusage, so on the (documented-impossible) failure it reads as zero.
+    let usage = unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr());
+        usage.assume_init()
+    };
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
+}
+
 fn pipeline(c: &mut Criterion) {
     let payloads = payloads();
     let index = Arc::new(FenceIndex::new(
@@ -341,6 +354,26 @@ fn pipeline(c: &mut Criterion) {
                     )
                 },
             );
+            if backend == StateBackend::Memory {
+                // Where the rate goes on this machine: the CPU each event
+                // costs, and how much of the machine the stages keep busy
+                // (they wait on each other's hand-offs). Ten more runs,
+                // timed around `run` alone, as criterion times them.
+                let (mut cpu, mut wall, mut events) = (0.0, 0.0, 0.0);
+                for _ in 0..10 {
+                    let intake = Pipeline::intake(&shared, default_lanes);
+                    let state = pipeline.state(backend, fsync);
+                    let (cpu0, started) = (process_cpu_seconds(), Instant::now());
+                    events += runtime.block_on(pipeline.run(intake, shards, state)) as f64;
+                    cpu += process_cpu_seconds() - cpu0;
+                    wall += started.elapsed().as_secs_f64();
+                }
+                eprintln!(
+                    "pipeline_{name}/{shards}: {:.2} µs of CPU per event, {:.2} cores busy on average",
+                    cpu * 1e6 / events.max(1.0),
+                    cpu / wall
+                );
+            }
             if let (StateBackend::Redis, Some(redis)) = (backend, &pipeline.redis) {
                 // One more run, counted by Redis itself.
                 let (calls0, usec0) = redis.script_stats();

@@ -104,11 +104,20 @@ impl ShardInput {
 
     /// Hands pending events to the worker. The router is the only other
     /// sender on an unshaped shard and only counted room that existed, so
-    /// the sends find room; `send` rather than `try_send` keeps that true
-    /// even if the reasoning were ever wrong.
+    /// the room is there; waiting for it rather than `try_send` keeps that
+    /// true even if the reasoning were ever wrong. One reservation for the
+    /// whole burst, not a semaphore acquire per event.
     pub(crate) async fn flush(&mut self) {
-        for item in self.pending.drain(..) {
-            let _ = self.tx.send(item).await;
+        while !self.pending.is_empty() {
+            let n = self.pending.len().min(self.tx.max_capacity());
+            match self.tx.reserve_many(n).await {
+                Ok(permits) => permits
+                    .zip(self.pending.drain(..n))
+                    .for_each(|(permit, item)| permit.send(item)),
+                // The worker is gone (shutdown): as a failed `send` would,
+                // the events are dropped unfinished, so never acked.
+                Err(_) => self.pending.clear(),
+            }
         }
         self.depth
             .set((self.tx.max_capacity() - self.tx.capacity()) as f64);
