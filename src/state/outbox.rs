@@ -8,7 +8,7 @@
 //! consumer that keeps the ids it has seen drops every repeat, whichever
 //! path (MQTT redelivery, a replayed outbox) it came by.
 
-use crate::geofence::{Transition, TransitionKind};
+use crate::geofence::Transition;
 use crate::model::VehicleId;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -23,17 +23,12 @@ pub struct OutboxEntry {
     pub line: Vec<u8>,
 }
 
-/// The transition's fields spelled out after `id` and `seq`, in
-/// [`Transition`]'s order, rather than `#[serde(flatten)]`: flatten
-/// buffers every field into an intermediate map before writing it.
 #[derive(Serialize)]
 struct Line<'a> {
     id: &'a str,
     seq: u64,
-    vehicle: &'a str,
-    fence: &'a str,
-    event: TransitionKind,
-    ts: i64,
+    #[serde(flatten)]
+    transition: &'a Transition,
 }
 
 /// 128 bits of SHA-256 over the transition's identity, as hex.
@@ -49,6 +44,7 @@ pub fn transition_id(t: &Transition) -> String {
     }
     h.update(t.ts.to_le_bytes());
     let digest = h.finalize();
+    // One allocation for the id, not a `format!` per byte.
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut id = String::with_capacity(32);
     for b in &digest[..16] {
@@ -64,10 +60,7 @@ impl OutboxEntry {
         let line = Line {
             id: &id,
             seq,
-            vehicle: &t.vehicle,
-            fence: &t.fence,
-            event: t.event,
-            ts: t.ts,
+            transition: t,
         };
         let line = serde_json::to_vec(&line).expect("strings and integers always serialise");
         Self {
@@ -81,6 +74,7 @@ impl OutboxEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::geofence::TransitionKind;
 
     fn enter(ts: i64) -> Transition {
         Transition {
