@@ -10,7 +10,7 @@
 #
 # Compare builds by their times in the same round, not each by its ratio
 # to another benchmark of its own: moving code around can change a build's
-# decode-only time by a fifth (BENCHMARKS.md, "Router lanes").
+# decode-only time by up to a third (BENCHMARKS.md, "Router lanes").
 #
 # Run from the repository root (the bench reads the bundled capture).
 F="$1"; R="$2"; shift 2
