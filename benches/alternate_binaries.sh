@@ -18,8 +18,10 @@
 # builds' file names must differ: they label the results.
 F="$1"; R="$2"; shift 2
 builds=("$@")
-names=""
-for bin in "${builds[@]}"; do names="$names $(basename "$bin")"; done
+if [ -n "$(printf '%s\n' "${builds[@]##*/}" | sort | uniq -d)" ]; then
+  echo "the builds need different file names: they label the results" >&2
+  exit 2
+fi
 for r in $(seq 1 "$R"); do
   order=("${builds[@]}")
   if (( r % 2 == 0 )); then
@@ -30,36 +32,23 @@ for r in $(seq 1 "$R"); do
     t=$("$bin" --bench "$F" --measurement-time 3 --warm-up-time 1 2>/dev/null | grep -o "time: *\[[^]]*\]" | head -1)
     echo "round $r $(basename "$bin") ${t:-(no estimate: the run failed or matched no benchmark)}"
   done
-done | awk -v names="$names" '
-  function seconds(v, unit) {
-    if (unit == "s") return v
-    if (unit == "ms") return v * 1e-3
-    if (unit == "µs" || unit == "us") return v * 1e-6
-    if (unit == "ns") return v * 1e-9
-    if (unit == "ps") return v * 1e-12
-    print "unknown unit " unit > "/dev/stderr"
-    return -1
-  }
-  BEGIN { builds = split(names, name, " ") }
-  {
-    print
-    # round R NAME time: [low unit median unit high unit]
-    line = $0
-    gsub(/\[|\]/, "", line)
-    split(line, f, /[ \t]+/)
-    # a run that printed no estimate leaves its round out of the ratios
-    if (f[4] == "time:" && f[7] != "") t[f[2], f[3]] = seconds(f[7], f[8])
-    rounds = f[2]
-  }
-  END {
-    for (b = 2; b <= builds; b++) {
-      k = 0
-      for (r = 1; r <= rounds; r++)
-        if (t[r, name[1]] > 0 && t[r, name[b]] > 0) ratio[++k] = t[r, name[1]] / t[r, name[b]]
-      if (k == 0) { printf "%s time / %s time: no round with both estimates\n", name[1], name[b]; continue }
-      # insertion sort, then the median
-      for (i = 2; i <= k; i++) { v = ratio[i]; for (j = i - 1; j >= 1 && ratio[j] > v; j--) ratio[j + 1] = ratio[j]; ratio[j + 1] = v }
-      median = (k % 2) ? ratio[(k + 1) / 2] : (ratio[k / 2] + ratio[k / 2 + 1]) / 2
-      printf "%s time / %s time: %.2fx [%.2f-%.2f] over %d rounds\n", name[1], name[b], median, ratio[1], ratio[k], k
-    }
-  }'
+done | python3 -c '
+import re, statistics, sys
+names = [a.rsplit("/", 1)[-1] for a in sys.argv[1:]]
+unit = {"s": 1, "ms": 1e-3, "µs": 1e-6, "us": 1e-6, "ns": 1e-9, "ps": 1e-12}
+times = {}  # (round, build) -> median seconds
+for line in sys.stdin:
+    print(line, end="", flush=True)
+    m = re.match(r"round (\d+) (\S+) time: *\[\S+ \S+ (\S+) (\S+) ", line)
+    if m:
+        times[m[1], m[2]] = float(m[3]) * unit[m[4]]
+rounds = {r for r, _ in times}
+for name in names[1:]:
+    ratios = [times[r, names[0]] / times[r, name] for r in rounds
+              if (r, names[0]) in times and (r, name) in times]
+    if ratios:
+        print(f"{names[0]} time / {name} time: {statistics.median(ratios):.2f}x "
+              f"[{min(ratios):.2f}-{max(ratios):.2f}] over {len(ratios)} rounds")
+    else:
+        print(f"{names[0]} time / {name} time: no round with both estimates")
+' "${builds[@]}"
