@@ -3,17 +3,30 @@
 //! messages; each one is recognised here and counted as `duplicate` instead
 //! of being evaluated twice. Bounded: the oldest key is forgotten first.
 
-use crate::model::VehicleId;
 use hashbrown::HashTable;
 use std::hash::BuildHasher;
 
-/// One remembered key, with its hash so that forgetting it needs neither
-/// the vehicle's string nor a second hash.
+/// One remembered key: its fix time, and two hashes standing in for the
+/// vehicle, so that forgetting a key needs neither the vehicle's string
+/// nor a second hash.
+///
+/// Why no copy of the vehicle id: every fix brings its own id allocation,
+/// and a window holding 65,536 of them kept that many allocations alive
+/// and touched each one's cold reference count again to forget it. Two
+/// keys are taken as one when their fix times are equal and both hashes
+/// agree: a 64-bit foldhash of (vehicle, fix time) under a per-process
+/// random seed, and the vehicle's 64-bit routing hash (SipHash,
+/// [`crate::pipeline::shard::vehicle_hash`]), which the router has worked
+/// out anyway. For two different vehicles that is a collision of both
+/// functions at once, odds of about 2⁻¹²⁸ per pair compared, and even
+/// with the fixed SipHash keys known, the seeded foldhash alone leaves
+/// 2⁻⁶⁴. A false duplicate would be dead-lettered like any other, not
+/// lost.
 #[derive(Debug)]
 struct Key {
-    vehicle: VehicleId,
     fix_ms: i64,
     hash: u64,
+    vehicle_hash: u64,
 }
 
 /// The window is a ring of keys in arrival order, and a hash table of ring
@@ -56,24 +69,25 @@ impl Dedup {
         }
     }
 
-    /// True the first time a key is seen within the window.
-    pub fn first_sighting(&mut self, vehicle: &VehicleId, fix_ms: i64) -> bool {
+    /// True the first time a key is seen within the window. `vehicle_hash`
+    /// is the vehicle's [`crate::pipeline::shard::vehicle_hash`].
+    pub fn first_sighting(&mut self, vehicle: &str, vehicle_hash: u64, fix_ms: i64) -> bool {
         if self.capacity == 0 {
             return true;
         }
-        let hash = self.hasher.hash_one((&**vehicle, fix_ms));
+        let hash = self.hasher.hash_one((vehicle, fix_ms));
         let ring = &self.ring;
         let seen = self.slots.find(hash, |&slot| {
             let key = &ring[slot as usize];
-            key.hash == hash && key.fix_ms == fix_ms && *key.vehicle == **vehicle
+            key.hash == hash && key.fix_ms == fix_ms && key.vehicle_hash == vehicle_hash
         });
         if seen.is_some() {
             return false;
         }
         let key = Key {
-            vehicle: vehicle.clone(),
             fix_ms,
             hash,
+            vehicle_hash,
         };
         let slot = self.next;
         if slot < self.ring.len() {
@@ -102,16 +116,30 @@ impl Dedup {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pipeline::shard::vehicle_hash;
+
+    fn first(d: &mut Dedup, vehicle: &str, fix_ms: i64) -> bool {
+        d.first_sighting(vehicle, vehicle_hash(vehicle), fix_ms)
+    }
 
     #[test]
     fn remembers_a_bounded_window() {
         let mut d = Dedup::new(2);
-        let (a, b): (VehicleId, VehicleId) = ("a".into(), "b".into());
-        assert!(d.first_sighting(&a, 1));
-        assert!(!d.first_sighting(&a, 1));
-        assert!(d.first_sighting(&b, 1));
-        assert!(d.first_sighting(&a, 2)); // evicts (a, 1)
-        assert!(d.first_sighting(&a, 1));
+        assert!(first(&mut d, "a", 1));
+        assert!(!first(&mut d, "a", 1));
+        assert!(first(&mut d, "b", 1));
+        assert!(first(&mut d, "a", 2)); // evicts (a, 1)
+        assert!(first(&mut d, "a", 1));
+    }
+
+    /// The routing hash alone does not make two vehicles one: the seeded
+    /// hash of (vehicle, fix time) must agree too.
+    #[test]
+    fn a_shared_routing_hash_is_not_a_duplicate() {
+        let mut d = Dedup::new(8);
+        assert!(d.first_sighting("a", 7, 1));
+        assert!(d.first_sighting("b", 7, 1));
+        assert!(!d.first_sighting("b", 7, 1));
     }
 
     proptest::proptest! {
@@ -127,8 +155,8 @@ mod tests {
             let mut dedup = Dedup::with_room(capacity, 4);
             let mut model: std::collections::VecDeque<(String, i64)> = Default::default();
             for (v, ts) in keys {
-                let vehicle: VehicleId = format!("v{v}").into();
-                let key = (vehicle.to_string(), ts);
+                let vehicle = format!("v{v}");
+                let key = (vehicle.clone(), ts);
                 let expected = capacity == 0 || !model.contains(&key);
                 if capacity > 0 && expected {
                     if model.len() == capacity {
@@ -136,7 +164,7 @@ mod tests {
                     }
                     model.push_back(key);
                 }
-                proptest::prop_assert_eq!(dedup.first_sighting(&vehicle, ts), expected);
+                proptest::prop_assert_eq!(first(&mut dedup, &vehicle, ts), expected);
             }
         }
     }

@@ -19,7 +19,7 @@ use crate::admission::{Admission, AdmissionPolicy, GateSpec, Verdict};
 use crate::clock::{NANOS_PER_SEC, Nanos};
 use crate::codec::{CodecSettings, Dedup, decode};
 use crate::model::Priority;
-use crate::pipeline::shard::shard_of;
+use crate::pipeline::shard::{shard_of_hash, vehicle_hash};
 use crate::replay::capture::CaptureRecord;
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
@@ -198,8 +198,12 @@ pub fn simulate_steps(
     let capacity = settings.queue_capacity;
     for record in capture {
         let t = record.t_ns.max(router_free_at);
-        let fix = match decode(&record.topic, &record.payload_bytes(), codec) {
-            Ok(fix) if dedup.first_sighting(&fix.vehicle, fix.fix_time_ms) => fix,
+        let decoded = decode(&record.topic, &record.payload_bytes(), codec)
+            .map(|fix| (vehicle_hash(&fix.vehicle), fix));
+        let (hash, fix) = match decoded {
+            Ok((hash, fix)) if dedup.first_sighting(&fix.vehicle, hash, fix.fix_time_ms) => {
+                (hash, fix)
+            }
             Ok(_) => {
                 *report.invalid.entry("duplicate".into()).or_default() += 1;
                 continue;
@@ -209,7 +213,7 @@ pub fn simulate_steps(
                 continue;
             }
         };
-        let s = shard_of(&fix.vehicle, shards);
+        let s = shard_of_hash(hash, shards);
         let model = &mut models[s];
         model.release_due(t, capacity, service);
         let len = model.fill_at(t);

@@ -6,7 +6,7 @@
 //! is retried with backoff while the message stays unacked.
 
 use super::input::{BURST, ShardInput};
-use super::{Admitted, shard_of};
+use super::{Admitted, shard_of_hash, vehicle_hash};
 use crate::admission::{ShedCause, Verdict};
 use crate::allowance::Spend;
 use crate::clock::Clock;
@@ -181,20 +181,23 @@ impl<C: Clock> Router<C> {
             envelope: item,
             fix,
         } = decoded;
-        let decoded = fix.and_then(|t| {
-            if self.dedup.first_sighting(&t.vehicle, t.fix_time_ms) {
-                Ok(t)
-            } else {
-                metrics::counter!("geogate_duplicates_ignored_total", "by" => "window")
-                    .increment(1);
-                Err(codec::DecodeError::new(
-                    Reason::Duplicate,
-                    format!("({}, {}) already seen", t.vehicle, t.fix_time_ms),
-                ))
-            }
-        });
-        let fix = match decoded {
-            Ok(fix) => fix,
+        // Worked out once: it picks the shard and keys the dedup window.
+        let decoded = fix
+            .map(|t| (vehicle_hash(&t.vehicle), t))
+            .and_then(|(hash, t)| {
+                if self.dedup.first_sighting(&t.vehicle, hash, t.fix_time_ms) {
+                    Ok((hash, t))
+                } else {
+                    metrics::counter!("geogate_duplicates_ignored_total", "by" => "window")
+                        .increment(1);
+                    Err(codec::DecodeError::new(
+                        Reason::Duplicate,
+                        format!("({}, {}) already seen", t.vehicle, t.fix_time_ms),
+                    ))
+                }
+            });
+        let (hash, fix) = match decoded {
+            Ok(decoded) => decoded,
             Err(e) => {
                 let record = DeadLetter::new(
                     unix_ms(),
@@ -214,7 +217,7 @@ impl<C: Clock> Router<C> {
                 return None;
             }
         };
-        let shard_index = shard_of(&fix.vehicle, self.shards.len());
+        let shard_index = shard_of_hash(hash, self.shards.len());
         let admitted = Admitted {
             token: item.token,
             vehicle: fix.vehicle,
