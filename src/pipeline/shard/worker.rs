@@ -128,7 +128,7 @@ pub async fn worker(
                 continue;
             }
             let before = transitions.len();
-            let timed = (evaluations % TIMED_EVERY == 0).then(Instant::now);
+            let timed = evaluations.is_multiple_of(TIMED_EVERY).then(Instant::now);
             evaluations += 1;
             let outcome = evaluator.evaluate_delivery(
                 &item.vehicle,
