@@ -3,7 +3,7 @@
 
 use geogate::codec::{CodecSettings, Dedup, Reason, decode};
 use geogate::model::{Priority, Telemetry};
-use geogate::pipeline::shard::vehicle_hash;
+use geogate::stable_hash::VehicleHash;
 
 fn settings() -> CodecSettings {
     CodecSettings::default()
@@ -225,7 +225,7 @@ fn every_bad_input_gets_its_reason() {
 
 /// As the router asks: with the vehicle's routing hash.
 fn first_sighting(dedup: &mut Dedup, fix: &Telemetry) -> bool {
-    dedup.first_sighting(&fix.vehicle, vehicle_hash(&fix.vehicle), fix.fix_time_ms)
+    dedup.first_sighting(&fix.vehicle, VehicleHash::of(&fix.vehicle), fix.fix_time_ms)
 }
 
 #[test]

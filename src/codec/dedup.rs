@@ -3,30 +3,28 @@
 //! messages; each one is recognised here and counted as `duplicate` instead
 //! of being evaluated twice. Bounded: the oldest key is forgotten first.
 
+use crate::stable_hash::VehicleHash;
 use hashbrown::HashTable;
 use std::hash::BuildHasher;
 
-/// One remembered key: its fix time, and two hashes standing in for the
-/// vehicle, so that forgetting a key needs neither the vehicle's string
-/// nor a second hash.
+/// One remembered key: the fix time and two hashes of the vehicle, no
+/// copy of its id. Why: each fix brings its own id allocation, and a window
+/// holding 65,536 of them kept that many allocations alive and touched each
+/// one's cold reference count again to forget it.
 ///
-/// Why no copy of the vehicle id: every fix brings its own id allocation,
-/// and a window holding 65,536 of them kept that many allocations alive
-/// and touched each one's cold reference count again to forget it. Two
-/// keys are taken as one when their fix times are equal and both hashes
-/// agree: a 64-bit foldhash of (vehicle, fix time) under a per-process
-/// random seed, and the vehicle's 64-bit routing hash (SipHash,
-/// [`crate::pipeline::shard::vehicle_hash`]), which the router has worked
-/// out anyway. For two different vehicles that is a collision of both
-/// functions at once, odds of about 2⁻¹²⁸ per pair compared, and even
-/// with the fixed SipHash keys known, the seeded foldhash alone leaves
-/// 2⁻⁶⁴. A false duplicate would be dead-lettered like any other, not
-/// lost.
+/// Two keys are one when the fix times are equal and both hashes agree: a
+/// foldhash of (vehicle, fix time) under a per-process random seed, and the
+/// vehicle's routing SipHash ([`VehicleHash`]). For two real vehicles that
+/// is a collision of two 64-bit hashes at once. Neither resists inputs
+/// chosen to collide (foldhash says so; SipHash's keys are fixed), but a
+/// client that can publish can forge fixes outright. A false duplicate is
+/// dead-lettered, not evaluated: its transitions would come only from
+/// replaying the dead letter.
 #[derive(Debug)]
 struct Key {
     fix_ms: i64,
-    hash: u64,
-    vehicle_hash: u64,
+    seeded_hash: u64,
+    routing: VehicleHash,
 }
 
 /// The window is a ring of keys in arrival order, and a hash table of ring
@@ -35,7 +33,7 @@ struct Key {
 /// (a 65,536-key window is a 3 MB table) plus a second string hash to
 /// forget each oldest key cost cache misses per message. Here the table is
 /// 0.5–1 MB for the same window, a new key touches the table and its ring
-/// slot, and the evicted key is found by its stored hash and slot number.
+/// slot, and the evicted key is found by its seeded hash and slot number.
 #[derive(Debug)]
 pub struct Dedup {
     slots: HashTable<u32>,
@@ -69,30 +67,30 @@ impl Dedup {
         }
     }
 
-    /// True the first time a key is seen within the window. `vehicle_hash`
-    /// is the vehicle's [`crate::pipeline::shard::vehicle_hash`].
-    pub fn first_sighting(&mut self, vehicle: &str, vehicle_hash: u64, fix_ms: i64) -> bool {
+    /// True the first time a key is seen within the window; `routing` is
+    /// `vehicle`'s own.
+    pub fn first_sighting(&mut self, vehicle: &str, routing: VehicleHash, fix_ms: i64) -> bool {
         if self.capacity == 0 {
             return true;
         }
-        let hash = self.hasher.hash_one((vehicle, fix_ms));
+        let seeded_hash = self.hasher.hash_one((vehicle, fix_ms));
         let ring = &self.ring;
-        let seen = self.slots.find(hash, |&slot| {
+        let seen = self.slots.find(seeded_hash, |&slot| {
             let key = &ring[slot as usize];
-            key.hash == hash && key.fix_ms == fix_ms && key.vehicle_hash == vehicle_hash
+            key.seeded_hash == seeded_hash && key.fix_ms == fix_ms && key.routing == routing
         });
         if seen.is_some() {
             return false;
         }
         let key = Key {
             fix_ms,
-            hash,
-            vehicle_hash,
+            seeded_hash,
+            routing,
         };
         let slot = self.next;
         if slot < self.ring.len() {
             // Full: the oldest key leaves the table, its slot takes the new.
-            let oldest = self.ring[slot].hash;
+            let oldest = self.ring[slot].seeded_hash;
             match self.slots.find_entry(oldest, |&s| s as usize == slot) {
                 Ok(entry) => {
                     entry.remove();
@@ -107,7 +105,7 @@ impl Dedup {
         }
         let ring = &self.ring;
         self.slots
-            .insert_unique(hash, slot as u32, |&s| ring[s as usize].hash);
+            .insert_unique(seeded_hash, slot as u32, |&s| ring[s as usize].seeded_hash);
         self.next = (slot + 1) % self.capacity;
         true
     }
@@ -116,10 +114,9 @@ impl Dedup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::shard::vehicle_hash;
 
     fn first(d: &mut Dedup, vehicle: &str, fix_ms: i64) -> bool {
-        d.first_sighting(vehicle, vehicle_hash(vehicle), fix_ms)
+        d.first_sighting(vehicle, VehicleHash::of(vehicle), fix_ms)
     }
 
     #[test]
@@ -132,14 +129,28 @@ mod tests {
         assert!(first(&mut d, "a", 1));
     }
 
-    /// The routing hash alone does not make two vehicles one: the seeded
-    /// hash of (vehicle, fix time) must agree too.
+    /// The routing hash alone does not make vehicles one: 10,000 of them
+    /// sharing it and a fix time are each seen for the first time (a table
+    /// probe compares only slots whose 7-bit tag matches, so a single pair
+    /// would pass by luck 127 times in 128 if the seeded hash were ignored).
     #[test]
     fn a_shared_routing_hash_is_not_a_duplicate() {
+        let mut d = Dedup::new(20_000);
+        let shared = VehicleHash::from_raw(7);
+        for v in 0..10_000 {
+            assert!(d.first_sighting(&format!("v{v}"), shared, 1), "v{v}");
+        }
+        assert!(!d.first_sighting("v42", shared, 1));
+    }
+
+    /// Nor does the seeded hash alone: the same vehicle and fix time under
+    /// another routing hash are a different key.
+    #[test]
+    fn a_different_routing_hash_is_not_a_duplicate() {
         let mut d = Dedup::new(8);
-        assert!(d.first_sighting("a", 7, 1));
-        assert!(d.first_sighting("b", 7, 1));
-        assert!(!d.first_sighting("b", 7, 1));
+        assert!(d.first_sighting("a", VehicleHash::from_raw(1), 1));
+        assert!(d.first_sighting("a", VehicleHash::from_raw(2), 1));
+        assert!(!d.first_sighting("a", VehicleHash::from_raw(2), 1));
     }
 
     proptest::proptest! {

@@ -19,8 +19,8 @@ use crate::admission::{Admission, AdmissionPolicy, GateSpec, Verdict};
 use crate::clock::{NANOS_PER_SEC, Nanos};
 use crate::codec::{CodecSettings, Dedup, decode};
 use crate::model::Priority;
-use crate::pipeline::shard::{shard_of_hash, vehicle_hash};
 use crate::replay::capture::CaptureRecord;
+use crate::stable_hash::VehicleHash;
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
 
@@ -199,10 +199,10 @@ pub fn simulate_steps(
     for record in capture {
         let t = record.t_ns.max(router_free_at);
         let decoded = decode(&record.topic, &record.payload_bytes(), codec)
-            .map(|fix| (vehicle_hash(&fix.vehicle), fix));
-        let (hash, fix) = match decoded {
-            Ok((hash, fix)) if dedup.first_sighting(&fix.vehicle, hash, fix.fix_time_ms) => {
-                (hash, fix)
+            .map(|fix| (VehicleHash::of(&fix.vehicle), fix));
+        let (routing, fix) = match decoded {
+            Ok((routing, fix)) if dedup.first_sighting(&fix.vehicle, routing, fix.fix_time_ms) => {
+                (routing, fix)
             }
             Ok(_) => {
                 *report.invalid.entry("duplicate".into()).or_default() += 1;
@@ -213,7 +213,7 @@ pub fn simulate_steps(
                 continue;
             }
         };
-        let s = shard_of_hash(hash, shards);
+        let s = routing.shard(shards);
         let model = &mut models[s];
         model.release_due(t, capacity, service);
         let len = model.fill_at(t);

@@ -16,7 +16,7 @@ pub use worker::{WorkerContext, worker};
 
 use crate::model::VehicleId;
 use crate::source::AckToken;
-use std::hash::{Hash, Hasher};
+use crate::stable_hash::VehicleHash;
 use std::time::Instant;
 
 /// An admitted fix on its way to a worker.
@@ -32,22 +32,7 @@ pub struct Admitted {
     pub redelivered: bool,
 }
 
-/// Stable across runs and platforms (SipHash with fixed keys), so a vehicle
-/// lands on the same shard after a restart.
+/// The vehicle's shard ([`VehicleHash::shard`]).
 pub fn shard_of(vehicle: &str, shards: usize) -> usize {
-    shard_of_hash(vehicle_hash(vehicle), shards)
-}
-
-/// The vehicle's hash [`shard_of`] routes by. The router works it out once
-/// per fix and hands it to the dedup window too ([`crate::codec::Dedup`]),
-/// which keeps it in place of the vehicle's id.
-pub fn vehicle_hash(vehicle: &str) -> u64 {
-    let mut h = std::hash::DefaultHasher::new();
-    vehicle.hash(&mut h);
-    h.finish()
-}
-
-/// The shard of a vehicle whose [`vehicle_hash`] is `hash`.
-pub fn shard_of_hash(hash: u64, shards: usize) -> usize {
-    (hash % shards.max(1) as u64) as usize
+    VehicleHash::of(vehicle).shard(shards)
 }

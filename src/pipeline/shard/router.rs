@@ -5,8 +5,8 @@
 //! finished (and so before its ack); a dead letter that cannot be written
 //! is retried with backoff while the message stays unacked.
 
+use super::Admitted;
 use super::input::{BURST, ShardInput};
-use super::{Admitted, shard_of_hash, vehicle_hash};
 use crate::admission::{ShedCause, Verdict};
 use crate::allowance::Spend;
 use crate::clock::Clock;
@@ -17,6 +17,7 @@ use crate::pipeline::decode::Decoded;
 use crate::sink::dead_letter::{DeadLetter, DeadLetterSink};
 use crate::sink::health::retry_until;
 use crate::source::{AckToken, Completions};
+use crate::stable_hash::VehicleHash;
 use rumqttc::{AsyncClient, QoS};
 use std::sync::Arc;
 use std::time::Instant;
@@ -183,10 +184,13 @@ impl<C: Clock> Router<C> {
         } = decoded;
         // Worked out once: it picks the shard and keys the dedup window.
         let decoded = fix
-            .map(|t| (vehicle_hash(&t.vehicle), t))
-            .and_then(|(hash, t)| {
-                if self.dedup.first_sighting(&t.vehicle, hash, t.fix_time_ms) {
-                    Ok((hash, t))
+            .map(|t| (VehicleHash::of(&t.vehicle), t))
+            .and_then(|(routing, t)| {
+                if self
+                    .dedup
+                    .first_sighting(&t.vehicle, routing, t.fix_time_ms)
+                {
+                    Ok((routing, t))
                 } else {
                     metrics::counter!("geogate_duplicates_ignored_total", "by" => "window")
                         .increment(1);
@@ -196,7 +200,7 @@ impl<C: Clock> Router<C> {
                     ))
                 }
             });
-        let (hash, fix) = match decoded {
+        let (routing, fix) = match decoded {
             Ok(decoded) => decoded,
             Err(e) => {
                 let record = DeadLetter::new(
@@ -217,7 +221,7 @@ impl<C: Clock> Router<C> {
                 return None;
             }
         };
-        let shard_index = shard_of_hash(hash, self.shards.len());
+        let shard_index = routing.shard(self.shards.len());
         let admitted = Admitted {
             token: item.token,
             vehicle: fix.vehicle,
