@@ -137,6 +137,17 @@ impl Pipeline {
         shards: usize,
         state: StateConfig,
     ) -> u64 {
+        self.run_timed(intake, shards, state).await.0
+    }
+
+    /// [`Self::run`], and where its time went.
+    async fn run_timed(
+        &self,
+        intake: Vec<mpsc::Receiver<Envelope>>,
+        shards: usize,
+        state: StateConfig,
+    ) -> (u64, Phases) {
+        let started = Instant::now();
         let accounting = Arc::new(Accounting::default());
         let (completions, _finished) = Completions::channel();
         let (_fences_tx, fences) = watch::channel(self.index.clone());
@@ -225,20 +236,47 @@ impl Pipeline {
             clock: MonotonicClock::new(),
             deadline: deadline.clone(),
         };
-        // Spawned, as in `pipeline::run`, so the scheduler treats it alike.
         // Started as `pipeline::run` starts it, on its own thread.
+        let routing = Instant::now();
         let _ = router.spawn(decoded).await;
         let finished = local.map(StateStage::finish);
         for w in workers {
             let _ = w.await;
         }
+        let finishing = Instant::now();
         if let Some(finished) = finished {
             finished.await;
         }
         if let Some(shared) = shared {
             shared.finish().await;
         }
-        accounting.balance().evaluated
+        let phases = Phases {
+            start: (routing - started).as_secs_f64(),
+            route: (finishing - routing).as_secs_f64(),
+            finish: finishing.elapsed().as_secs_f64(),
+        };
+        (accounting.balance().evaluated, phases)
+    }
+}
+
+/// Where one run's wall time went: starting the stages (state store,
+/// events file, workers, lanes), routing until every worker has evaluated
+/// its last fix, and finishing (commits still queued, the relay, and the
+/// clean shutdown's syncs: the events file's `fdatasync`, and for the
+/// embedded store its checkpoint). Why: the rate criterion reports covers
+/// all three, and only the middle one grows with the burst.
+#[derive(Default, Clone, Copy)]
+struct Phases {
+    start: f64,
+    route: f64,
+    finish: f64,
+}
+
+impl std::ops::AddAssign for Phases {
+    fn add_assign(&mut self, other: Self) {
+        self.start += other.start;
+        self.route += other.route;
+        self.finish += other.finish;
     }
 }
 
@@ -356,27 +394,35 @@ fn pipeline(c: &mut Criterion) {
                 },
             );
             #[cfg(target_os = "linux")]
-            if backend == StateBackend::Memory {
+            if backend != StateBackend::Redis {
                 // Where the rate goes on this machine: the CPU each message
                 // costs (every message of the capture, as the rate counts
-                // them), and how much of the machine the stages keep busy
-                // (they wait on each other's hand-offs). Ten more runs,
-                // prepared and timed as criterion's are.
-                let (mut cpu, mut wall) = (0.0, 0.0);
+                // them), how much of the machine the stages keep busy
+                // (they wait on each other's hand-offs), and the phases of
+                // a run. Ten more runs, prepared and timed as criterion's
+                // are.
+                let (mut cpu, mut wall, mut phases) = (0.0, 0.0, Phases::default());
                 let runs = 10;
                 for _ in 0..runs {
                     scrape();
                     let intake = Pipeline::intake(&shared, default_lanes);
                     let state = pipeline.state(backend, fsync);
                     let (cpu0, started) = (process_cpu_seconds(), Instant::now());
-                    runtime.block_on(pipeline.run(intake, shards, state));
+                    phases += runtime
+                        .block_on(pipeline.run_timed(intake, shards, state))
+                        .1;
                     cpu += process_cpu_seconds() - cpu0;
                     wall += started.elapsed().as_secs_f64();
                 }
+                let ms = |s: f64| s * 1e3 / runs as f64;
                 eprintln!(
-                    "pipeline_{name}/{shards}: {:.2} µs of CPU per message, {:.2} cores busy on average",
+                    "pipeline_{name}/{shards}: {:.2} µs of CPU per message, {:.2} cores busy on average; a run's mean: start {:.1} ms, route {:.1} ms ({:.2} M/s), finish {:.1} ms",
                     cpu * 1e6 / (runs * shared.len()) as f64,
-                    cpu / wall
+                    cpu / wall,
+                    ms(phases.start),
+                    ms(phases.route),
+                    (runs * shared.len()) as f64 / phases.route / 1e6,
+                    ms(phases.finish),
                 );
             }
             if let (StateBackend::Redis, Some(redis)) = (backend, &pipeline.redis) {
