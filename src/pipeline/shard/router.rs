@@ -70,7 +70,9 @@ impl<C: Clock + 'static> Router<C> {
     /// one core (1.05 CPUs busy on 2). Woken from outside the worker pool,
     /// a shard worker goes to the shared queue and runs on the idle core.
     /// Measured in benches/pipeline.rs, with the bursts of [`ShardInput`]:
-    /// +12–30% in-process throughput, 1.4 CPUs busy instead of 1.05.
+    /// +12–30% in-process throughput, 1.4 CPUs busy instead of 1.05. Since
+    /// the decode lanes, a task is level with the thread (1.04× [0.96–1.09],
+    /// BENCHMARKS.md "Where a run's time goes"), so the thread stays.
     pub fn spawn(
         self,
         intake: mpsc::Receiver<Vec<Decoded>>,
