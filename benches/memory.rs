@@ -32,7 +32,7 @@ fn main() {
     let points: Vec<Coord<f64>> = (0..vehicles).map(|_| area.random_point(&mut rng)).collect();
     let mut ids: Vec<VehicleId> = Vec::with_capacity(vehicles);
     let baseline = rss_bytes();
-    // The ids count: a tracked vehicle holds its id (an Arc<str>).
+    // The ids count: a tracked vehicle holds its id (inline up to 23 bytes).
     ids.extend((0..vehicles).map(|i| VehicleId::from(format!("van{i:06}"))));
     let mut out = Vec::new();
     for (id, p) in ids.iter().zip(&points) {

@@ -82,7 +82,7 @@ impl Serialize for FixFacts {
             .collect();
         let near: Vec<&str> = self.probe.near.iter().map(|f| f.as_ref()).collect();
         (
-            self.vehicle.as_ref(),
+            self.vehicle.as_str(),
             self.fix_ms,
             u8::from(self.redelivered),
             containing,
