@@ -2,6 +2,7 @@
 //! or `owntracks/{user}/{device}` (the segments are joined with `/`).
 
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -55,19 +56,49 @@ impl TopicPattern {
     }
 
     /// The vehicle id the topic names, or `None` when it does not match.
-    pub fn vehicle<'t>(&self, topic: &'t str) -> Option<String> {
+    /// Borrowed from the topic when the captures are adjacent segments (as
+    /// in both built-in patterns): the id is then that stretch of the topic
+    /// as it stands, and decoding an OwnTracks fix allocates nothing for it.
+    pub fn vehicle<'t>(&self, topic: &'t str) -> Option<Cow<'t, str>> {
         let mut parts = topic.split('/');
-        let mut captured: Vec<&'t str> = Vec::new();
+        let mut at = 0;
+        let mut span: Option<(usize, usize)> = None;
+        let mut adjacent = true;
+        let mut previous_captured = false;
         for segment in &self.segments {
             let part = parts.next()?;
+            let (start, end) = (at, at + part.len());
+            at = end + 1;
             match segment {
-                Segment::Literal(lit) if lit == part => {}
+                Segment::Literal(lit) if lit == part => previous_captured = false,
                 Segment::Literal(_) => return None,
                 Segment::Capture if part.is_empty() => return None,
-                Segment::Capture => captured.push(part),
+                Segment::Capture => {
+                    span = match span {
+                        None => Some((start, end)),
+                        Some((first, _)) => {
+                            adjacent &= previous_captured;
+                            Some((first, end))
+                        }
+                    };
+                    previous_captured = true;
+                }
             }
         }
-        parts.next().is_none().then(|| captured.join("/"))
+        if parts.next().is_some() {
+            return None;
+        }
+        let (first, last) = span?;
+        if adjacent {
+            return Some(Cow::Borrowed(&topic[first..last]));
+        }
+        let captured: Vec<&str> = topic
+            .split('/')
+            .zip(&self.segments)
+            .filter(|(_, segment)| **segment == Segment::Capture)
+            .map(|(part, _)| part)
+            .collect();
+        Some(Cow::Owned(captured.join("/")))
     }
 }
 
@@ -89,5 +120,47 @@ mod tests {
         assert_eq!(fleet.vehicle("fleet/v17/telemetry").as_deref(), Some("v17"));
         assert_eq!(fleet.vehicle("fleet/v17/status"), None);
         assert!(TopicPattern::try_from("fleet/all".to_owned()).is_err());
+        // Captures apart in the topic are joined; adjacent ones are the
+        // topic's own stretch.
+        let apart = TopicPattern::try_from("{site}/gps/{unit}".to_owned()).unwrap();
+        assert_eq!(apart.vehicle("depot/gps/u9").as_deref(), Some("depot/u9"));
+        assert!(matches!(
+            ot.vehicle("owntracks/ann/phone"),
+            Some(Cow::Borrowed(_))
+        ));
+        assert_eq!(apart.vehicle("depot/gps/"), None);
+    }
+
+    /// The pattern's reading, written the plain way: split, match, join.
+    fn joined(pattern: &TopicPattern, topic: &str) -> Option<String> {
+        let parts: Vec<&str> = topic.split('/').collect();
+        if parts.len() != pattern.segments.len() {
+            return None;
+        }
+        let mut captured = Vec::new();
+        for (segment, part) in pattern.segments.iter().zip(parts) {
+            match segment {
+                Segment::Literal(lit) if lit == part => {}
+                Segment::Capture if !part.is_empty() => captured.push(part),
+                _ => return None,
+            }
+        }
+        Some(captured.join("/"))
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn borrowed_or_joined_the_id_is_the_captures_joined(
+            pattern in proptest::collection::vec(proptest::sample::select(vec!["a", "b", "{x}"]), 1..5),
+            topic in proptest::collection::vec(proptest::sample::select(vec!["a", "b", "c", ""]), 1..6),
+        ) {
+            let mut pattern = pattern.join("/");
+            if !pattern.contains('{') {
+                pattern.push_str("/{x}");
+            }
+            let pattern = TopicPattern::try_from(pattern).unwrap();
+            let topic = topic.join("/");
+            proptest::prop_assert_eq!(pattern.vehicle(&topic).map(Cow::into_owned), joined(&pattern, &topic));
+        }
     }
 }
