@@ -3,11 +3,10 @@
 use serde::Serialize;
 use std::sync::Arc;
 
-/// A vehicle's id as it appears on the wire. Held inline up to 23 bytes
-/// (longer ids are shared, as an `Arc<str>` would be), because every fix
-/// decodes one: as an `Arc<str>`, each fix allocated its id on the decode
-/// lane and freed it on another thread, and the pipeline ran 1.17× faster
-/// without that (BENCHMARKS.md, "Vehicle ids inline").
+/// A vehicle's id as it appears on the wire. Inline up to 23 bytes (longer
+/// ids are shared), because every fix decodes one, and an id allocated on
+/// the decode lane and freed on another thread slowed the whole pipeline
+/// (BENCHMARKS.md, "Vehicle ids inline, topic ids borrowed").
 pub type VehicleId = smol_str::SmolStr;
 
 /// A fence's stable id from its GeoJSON feature.

@@ -6,9 +6,8 @@
 
 use crate::codec::{self, CodecSettings, DecodeError};
 use crate::geofence::{Evaluator, EvaluatorSettings, EvaluatorStats, FenceIndex, TransitionKind};
-use crate::model::VehicleId;
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::{self, BufRead, Write};
 use std::sync::Arc;
 
@@ -54,8 +53,6 @@ pub fn evaluate_positions(
     let mut evaluator = Evaluator::new(index, settings);
     let mut report = EvalReport::default();
     let mut transitions = Vec::new();
-    // Intern ids so each vehicle's Arc is allocated once.
-    let mut ids: HashMap<String, VehicleId> = HashMap::new();
     for (n, line) in input.split(b'\n').enumerate() {
         let line = line?;
         report.lines += 1;
@@ -74,13 +71,9 @@ pub fn evaluate_positions(
                 continue;
             }
         };
-        let vehicle = ids
-            .entry(fix.vehicle.to_string())
-            .or_insert_with(|| fix.vehicle.clone())
-            .clone();
         transitions.clear();
         evaluator.evaluate(
-            &vehicle,
+            &fix.vehicle,
             fix.fix_time_ms,
             fix.lat,
             fix.lon,

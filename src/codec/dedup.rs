@@ -8,9 +8,10 @@ use hashbrown::HashTable;
 use std::hash::BuildHasher;
 
 /// One remembered key: the fix time and two hashes of the vehicle, no
-/// copy of its id. Why: each fix brings its own id allocation, and a window
-/// holding 65,536 of them kept that many allocations alive and touched each
-/// one's cold reference count again to forget it.
+/// copy of its id. Why: when ids were shared allocations, a window holding
+/// 65,536 of them kept that many alive and touched each one's cold
+/// reference count again to forget it; an inline id (24 bytes) would still
+/// make the key larger than these hashes.
 ///
 /// Two keys are one when the fix times are equal and both hashes agree: a
 /// foldhash of (vehicle, fix time) under a per-process random seed, and the

@@ -269,7 +269,7 @@ fn text<'a>(value: Option<Loose<'a>>, field: &str) -> Result<Cow<'a, str>, Decod
     }
 }
 
-/// Checked, then copied once into the shared id.
+/// Checked, then copied once into the id (inline up to 23 bytes).
 fn vehicle_id(id: &str) -> Result<VehicleId, DecodeError> {
     if id.is_empty() || id.len() > MAX_VEHICLE_LEN {
         return Err(DecodeError::new(
