@@ -9,6 +9,9 @@ use std::borrow::Cow;
 pub struct TopicPattern {
     raw: String,
     segments: Vec<Segment>,
+    /// The captures are one run of segments (as in both built-in
+    /// patterns), so the id is a stretch of the topic and can be borrowed.
+    captures_adjacent: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,7 +40,16 @@ impl TryFrom<String> for TopicPattern {
                 "topic pattern {raw:?} has no {{placeholder}} to name the vehicle"
             ));
         }
-        Ok(Self { raw, segments })
+        let captures = segments.iter().filter(|s| **s == Segment::Capture).count();
+        let first = segments.iter().position(|s| *s == Segment::Capture);
+        let last = segments.iter().rposition(|s| *s == Segment::Capture);
+        let captures_adjacent =
+            matches!((first, last), (Some(f), Some(l)) if l - f + 1 == captures);
+        Ok(Self {
+            raw,
+            segments,
+            captures_adjacent,
+        })
     }
 }
 
@@ -56,40 +68,29 @@ impl TopicPattern {
     }
 
     /// The vehicle id the topic names, or `None` when it does not match.
-    /// Borrowed when the captures are adjacent segments (as in both
-    /// built-in patterns), so that an OwnTracks fix with an id of up to 23
-    /// bytes is decoded without an allocation.
+    /// Borrowed when the captures are adjacent, so that an OwnTracks fix
+    /// with an id of up to 23 bytes is decoded without an allocation.
     pub fn vehicle<'t>(&self, topic: &'t str) -> Option<Cow<'t, str>> {
         let mut parts = topic.split('/');
         let mut at = 0;
         let mut span: Option<(usize, usize)> = None;
-        let mut adjacent = true;
-        let mut previous_captured = false;
         for segment in &self.segments {
             let part = parts.next()?;
-            let (start, end) = (at, at + part.len());
-            at = end + 1;
             match segment {
-                Segment::Literal(lit) if lit == part => previous_captured = false,
+                Segment::Literal(lit) if lit == part => {}
                 Segment::Literal(_) => return None,
                 Segment::Capture if part.is_empty() => return None,
                 Segment::Capture => {
-                    span = match span {
-                        None => Some((start, end)),
-                        Some((first, _)) => {
-                            adjacent &= previous_captured;
-                            Some((first, end))
-                        }
-                    };
-                    previous_captured = true;
+                    span = Some((span.map_or(at, |(first, _)| first), at + part.len()));
                 }
             }
+            at += part.len() + 1;
         }
         if parts.next().is_some() {
             return None;
         }
         let (first, last) = span?;
-        if adjacent {
+        if self.captures_adjacent {
             return Some(Cow::Borrowed(&topic[first..last]));
         }
         let captured: Vec<&str> = topic
