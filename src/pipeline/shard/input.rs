@@ -76,23 +76,17 @@ impl ShardInput {
         self.len() >= self.tx.max_capacity()
     }
 
-    /// Holds `item` for the next burst when there is room for it; hands it
-    /// back when it must be sent now, waiting for room ([`Self::send_now`]).
-    pub(crate) fn hold(&mut self, item: Admitted) -> Result<(), Admitted> {
+    /// Queues `item` now or with the next burst; waits only when the queue
+    /// is full (backpressure, for High and below-watermark events).
+    pub(crate) async fn enqueue(&mut self, item: Admitted) {
         // A shaper lane also feeds this queue, so room counted now could be
         // gone at flush time: shaped shards send straight away.
         if self.shaper_lane.is_some() || self.is_full() {
-            return Err(item);
+            self.flush().await;
+            let _ = self.tx.send(item).await;
+        } else {
+            self.pending.push(item);
         }
-        self.pending.push(item);
-        Ok(())
-    }
-
-    /// Sends `item` after the pending burst, waiting for room when the
-    /// queue is full (backpressure, for High and below-watermark events).
-    pub(crate) async fn send_now(&mut self, item: Admitted) {
-        self.flush().await;
-        let _ = self.tx.send(item).await;
     }
 
     /// Queues a gate-admitted event for release at `at`. Unpaced, the rule

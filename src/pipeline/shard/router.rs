@@ -56,27 +56,6 @@ enum Refusal {
     },
 }
 
-/// How far [`Router::route_now`] took a message.
-enum Routed {
-    /// Nothing is left to wait for (the verdict, for a fix).
-    Done(Option<Verdict>),
-    /// Admitted to a queue that is full or shaped: sent once there is room.
-    Send { shard: usize, item: Admitted },
-    /// Refused: finished once its dead letter is written. Boxed so that
-    /// the common `Done` stays small.
-    Refused(Box<Refused>),
-}
-
-/// A refusal waiting for its dead letter to be written.
-struct Refused {
-    refusal: Refusal,
-    /// The record's reason as a static label (see [`Router::refuse`]).
-    reason: &'static str,
-    record: DeadLetter,
-    token: Option<AckToken>,
-    verdict: Option<Verdict>,
-}
-
 fn unix_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -116,12 +95,7 @@ impl<C: Clock> Router<C> {
             self.accounting.received(batch.len() as u64);
             received.increment(batch.len() as u64);
             for decoded in batch {
-                match self.route_now(decoded) {
-                    Routed::Done(_) => {}
-                    waiting => {
-                        self.settle(waiting).await;
-                    }
-                }
+                self.route_decoded(decoded).await;
                 since_flush += 1;
                 if since_flush >= BURST {
                     self.flush().await;
@@ -195,47 +169,17 @@ impl<C: Clock> Router<C> {
         self.completions.done(token);
     }
 
-    /// Decodes and routes one message as a decode lane and [`Self::run`]
-    /// would; returns the verdict for an admitted fix (for tests that
-    /// compare the live path with the virtual replay).
+    /// Decodes and routes one message, as a decode lane and
+    /// [`Self::route_decoded`] would (for tests that compare the live path
+    /// with the virtual replay).
     #[cfg(test)]
     pub(crate) async fn route(&mut self, item: crate::source::Envelope) -> Option<Verdict> {
         let decoded = Decoded::of(item, &self.codec);
-        let routed = self.route_now(decoded);
-        self.settle(routed).await
+        self.route_decoded(decoded).await
     }
 
-    /// Finishes what [`Self::route_now`] could not: waits for room in a
-    /// full or shaped queue, or writes a refusal's dead letter.
-    async fn settle(&mut self, routed: Routed) -> Option<Verdict> {
-        match routed {
-            Routed::Done(verdict) => verdict,
-            Routed::Send { shard, item } => {
-                // Backpressure: awaiting room stalls intake, never sheds.
-                self.shards[shard].send_now(item).await;
-                Some(Verdict::Enqueue)
-            }
-            Routed::Refused(refused) => {
-                let Refused {
-                    refusal,
-                    reason,
-                    record,
-                    token,
-                    verdict,
-                } = *refused;
-                self.refuse(refusal, reason, record, token).await;
-                verdict
-            }
-        }
-    }
-
-    /// Routes one decoded message as far as it goes without waiting. Why
-    /// apart from [`Self::settle`]: an async call builds its whole future
-    /// (1.7 kB here, most of it the dead letter's retries) and moves it
-    /// into the caller's, for every message; the common path (dedup,
-    /// admission, a place in the shard's burst) never waits, so it pays
-    /// for none of that.
-    fn route_now(&mut self, decoded: Decoded) -> Routed {
+    /// Routes one decoded message; returns the verdict for an admitted fix.
+    async fn route_decoded(&mut self, decoded: Decoded) -> Option<Verdict> {
         let Decoded {
             envelope: item,
             fix,
@@ -268,13 +212,15 @@ impl<C: Clock> Router<C> {
                     e.detail,
                     &item.payload,
                 );
-                return Routed::Refused(Box::new(Refused {
-                    refusal: Refusal::Invalid(e.reason),
-                    reason: e.reason.as_str(),
+                let reason = e.reason;
+                self.refuse(
+                    Refusal::Invalid(reason),
+                    reason.as_str(),
                     record,
-                    token: item.token,
-                    verdict: None,
-                }));
+                    item.token,
+                )
+                .await;
+                return None;
             }
         };
         let shard_index = routing.shard(self.shards.len());
@@ -303,13 +249,9 @@ impl<C: Clock> Router<C> {
                 }
                 self.accounting.admitted();
                 shard.admitted[fix.priority as usize].increment(1);
-                return match shard.hold(admitted) {
-                    Ok(()) => Routed::Done(Some(verdict)),
-                    Err(item) => Routed::Send {
-                        shard: shard_index,
-                        item,
-                    },
-                };
+                // Backpressure: awaiting room stalls intake, never sheds.
+                shard.enqueue(admitted).await;
+                return Some(verdict);
             }
             Verdict::Release { at } => {
                 shard.level.set(shard.admission.level(gate_time()));
@@ -317,7 +259,7 @@ impl<C: Clock> Router<C> {
                 self.accounting.admitted();
                 shard.admitted[Priority::Low as usize].increment(1);
                 shard.release(at, admitted);
-                return Routed::Done(Some(verdict));
+                return Some(verdict);
             }
             Verdict::Shed(cause) => cause,
         };
@@ -361,16 +303,17 @@ impl<C: Clock> Router<C> {
         record.shard = Some(shard_index);
         record.gate = Some(gate.to_owned());
         record.retry_after_ms = retry_after.map(|ns| ns as f64 / 1e6);
-        Routed::Refused(Box::new(Refused {
-            refusal: Refusal::Shed {
+        self.refuse(
+            Refusal::Shed {
                 shard: shard_index,
                 global: matches!(cause, ShedCause::Global(_)),
             },
-            reason: "shed",
+            "shed",
             record,
-            token: item.token,
-            verdict: Some(verdict),
-        }))
+            item.token,
+        )
+        .await;
+        Some(verdict)
     }
 }
 
