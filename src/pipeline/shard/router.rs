@@ -16,7 +16,7 @@ use crate::pipeline::accounting::Accounting;
 use crate::pipeline::decode::Decoded;
 use crate::sink::dead_letter::{DeadLetter, DeadLetterSink};
 use crate::sink::health::retry_until;
-use crate::source::{AckToken, Completions};
+use crate::source::{AckToken, Completions, Envelope};
 use crate::stable_hash::VehicleHash;
 use rumqttc::{AsyncClient, QoS};
 use std::sync::Arc;
@@ -178,51 +178,48 @@ impl<C: Clock> Router<C> {
         self.route_decoded(decoded).await
     }
 
+    /// Refuses a message that did not decode or was a duplicate.
+    async fn invalid(&mut self, e: codec::DecodeError, item: Envelope) -> Option<Verdict> {
+        let record = DeadLetter::new(
+            unix_ms(),
+            &item.topic,
+            e.reason.as_str(),
+            e.detail,
+            &item.payload,
+        );
+        self.refuse(
+            Refusal::Invalid(e.reason),
+            e.reason.as_str(),
+            record,
+            item.token,
+        )
+        .await;
+        None
+    }
+
     /// Routes one decoded message; returns the verdict for an admitted fix.
     async fn route_decoded(&mut self, decoded: Decoded) -> Option<Verdict> {
         let Decoded {
             envelope: item,
             fix,
         } = decoded;
-        // Worked out once: it picks the shard and keys the dedup window.
-        let decoded = fix
-            .map(|t| (VehicleHash::of(&t.vehicle), t))
-            .and_then(|(routing, t)| {
-                if self
-                    .dedup
-                    .first_sighting(&t.vehicle, routing, t.fix_time_ms)
-                {
-                    Ok((routing, t))
-                } else {
-                    metrics::counter!("geogate_duplicates_ignored_total", "by" => "window")
-                        .increment(1);
-                    Err(codec::DecodeError::new(
-                        Reason::Duplicate,
-                        format!("({}, {}) already seen", t.vehicle, t.fix_time_ms),
-                    ))
-                }
-            });
-        let (routing, fix) = match decoded {
-            Ok(decoded) => decoded,
-            Err(e) => {
-                let record = DeadLetter::new(
-                    unix_ms(),
-                    &item.topic,
-                    e.reason.as_str(),
-                    e.detail,
-                    &item.payload,
-                );
-                let reason = e.reason;
-                self.refuse(
-                    Refusal::Invalid(reason),
-                    reason.as_str(),
-                    record,
-                    item.token,
-                )
-                .await;
-                return None;
-            }
+        let fix = match fix {
+            Ok(fix) => fix,
+            Err(e) => return self.invalid(e, item).await,
         };
+        // Worked out once: it picks the shard and keys the dedup window.
+        let routing = VehicleHash::of(&fix.vehicle);
+        if !self
+            .dedup
+            .first_sighting(&fix.vehicle, routing, fix.fix_time_ms)
+        {
+            metrics::counter!("geogate_duplicates_ignored_total", "by" => "window").increment(1);
+            let duplicate = codec::DecodeError::new(
+                Reason::Duplicate,
+                format!("({}, {}) already seen", fix.vehicle, fix.fix_time_ms),
+            );
+            return self.invalid(duplicate, item).await;
+        }
         let shard_index = routing.shard(self.shards.len());
         let admitted = Admitted {
             token: item.token,
