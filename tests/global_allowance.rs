@@ -183,10 +183,14 @@ fn three_instances_on_a_shared_subscription_spend_one_allowance() {
         .enumerate()
         .map(|(i, dir)| {
             let id = format!("share-{i}");
-            // Each worker drains 25 events/s, far below what the publisher
-            // sends each instance even on a loaded machine (≥ 55/s at a
-            // third of its pace), so every queue is past its watermark
-            // for most of the run and the Low pings reach the global gate.
+            // Each worker drains 25 events/s: far below the third of the
+            // publisher's 2 ms pace each instance gets (it failed when a
+            // loaded machine slowed the publisher to about the workers'
+            // old 100/s), so the queues stay past their watermark, and
+            // each slot a worker frees is offered to the global gate.
+            // Together the three drain 75/s, above the allowance's 40/s,
+            // so the bucket empties and refuses; below 40/s together
+            // (about 13/s each) it never would.
             let mut s = support::geogate::setup(
                 broker.port,
                 &id,

@@ -130,6 +130,11 @@ mod tests {
             Some(Cow::Borrowed(_))
         ));
         assert_eq!(apart.vehicle("depot/gps/"), None);
+        // Whether the id can be borrowed is the pattern's: adjacent
+        // captures anywhere in it, and only those.
+        let tail = TopicPattern::try_from("x/{a}/{b}".to_owned()).unwrap();
+        assert!(matches!(tail.vehicle("x/p/q"), Some(Cow::Borrowed("p/q"))));
+        assert!(matches!(apart.vehicle("depot/gps/u9"), Some(Cow::Owned(_))));
     }
 
     /// The pattern's reading, written the plain way: split, match, join.

@@ -178,8 +178,9 @@ impl<C: Clock> Router<C> {
         self.route_decoded(decoded).await
     }
 
-    /// Refuses a message that did not decode or was a duplicate.
-    async fn invalid(&mut self, e: codec::DecodeError, item: Envelope) -> Option<Verdict> {
+    /// A duplicate is refused as an undecodable payload is: dead-lettered
+    /// with its reason and counted invalid, so one path keeps both exact.
+    async fn refuse_invalid(&mut self, e: codec::DecodeError, item: Envelope) {
         let record = DeadLetter::new(
             unix_ms(),
             &item.topic,
@@ -194,10 +195,10 @@ impl<C: Clock> Router<C> {
             item.token,
         )
         .await;
-        None
     }
 
-    /// Routes one decoded message; returns the verdict for an admitted fix.
+    /// Routes one decoded message; returns the verdict for a fix that
+    /// reached admission (admitted or shed).
     async fn route_decoded(&mut self, decoded: Decoded) -> Option<Verdict> {
         let Decoded {
             envelope: item,
@@ -205,7 +206,10 @@ impl<C: Clock> Router<C> {
         } = decoded;
         let fix = match fix {
             Ok(fix) => fix,
-            Err(e) => return self.invalid(e, item).await,
+            Err(e) => {
+                self.refuse_invalid(e, item).await;
+                return None;
+            }
         };
         // Worked out once: it picks the shard and keys the dedup window.
         let routing = VehicleHash::of(&fix.vehicle);
@@ -218,7 +222,8 @@ impl<C: Clock> Router<C> {
                 Reason::Duplicate,
                 format!("({}, {}) already seen", fix.vehicle, fix.fix_time_ms),
             );
-            return self.invalid(duplicate, item).await;
+            self.refuse_invalid(duplicate, item).await;
+            return None;
         }
         let shard_index = routing.shard(self.shards.len());
         let admitted = Admitted {
