@@ -184,10 +184,10 @@ fn three_instances_on_a_shared_subscription_spend_one_allowance() {
         .map(|(i, dir)| {
             let id = format!("share-{i}");
             // Each worker drains 25 events/s: far below the third of the
-            // publisher's 2 ms pace each instance gets (it failed when a
-            // loaded machine slowed the publisher to about the workers'
-            // old 100/s), so the queues stay past their watermark, and
-            // each slot a worker frees is offered to the global gate.
+            // publisher's 2 ms pace each instance gets (at the old 100/s,
+            // on a loaded machine, so few pings found a queue past its
+            // watermark that 5 tokens were spent), so the queues stay past
+            // it, and each slot a worker frees is offered to the global gate.
             // Together the three drain 75/s, above the allowance's 40/s,
             // so the bucket empties and refuses; below 40/s together
             // (about 13/s each) it never would.
