@@ -183,14 +183,14 @@ fn three_instances_on_a_shared_subscription_spend_one_allowance() {
         .enumerate()
         .map(|(i, dir)| {
             let id = format!("share-{i}");
-            // Each worker drains 25 events/s: far below the third of the
-            // publisher's 2 ms pace each instance gets (at the old 100/s,
-            // on a loaded machine, so few pings found a queue past its
-            // watermark that 5 tokens were spent), so the queues stay past
-            // it, and each slot a worker frees is offered to the global gate.
-            // Together the three drain 75/s, above the allowance's 40/s,
-            // so the bucket empties and refuses; below 40/s together
-            // (about 13/s each) it never would.
+            // Each worker drains 25 events/s, far below the ~167/s each
+            // instance receives (a third of one message per 2 ms), so its
+            // queue stays past the watermark and every slot it frees is
+            // offered to the global gate. At 100/s, on a loaded machine,
+            // the queues seldom passed the watermark and as few as 5
+            // tokens were spent. Together the three drain 75/s, above the
+            // allowance's 40/s, so the bucket empties and refuses; below
+            // 40/s together (about 13/s each) it never would.
             let mut s = support::geogate::setup(
                 broker.port,
                 &id,
