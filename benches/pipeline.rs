@@ -7,6 +7,10 @@
 //!
 //! Payloads are the bundled capture's (`replay/shift-change.ndjson.gz`),
 //! evaluated against the demo fences.
+//!
+//! With `GEOGATE_STAGES=<rounds>` it times each stage alone instead
+//! (`Pipeline::stages_alone`), and runs no criterion benchmark of the
+//! pipeline: `GEOGATE_STAGES=12 cargo bench --bench pipeline -- stages_alone`.
 
 use bytes::Bytes;
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -17,7 +21,7 @@ use geogate::config::{FsyncPolicy, PipelineConfig, StateBackend, StateConfig};
 use geogate::geofence::{EvaluatorSettings, FenceIndex, load_fences};
 use geogate::pipeline::accounting::Accounting;
 use geogate::pipeline::shard::worker::BatchSink;
-use geogate::pipeline::shard::{Router, ShardInput, WorkerContext, worker};
+use geogate::pipeline::shard::{Admitted, Router, ShardInput, WorkerContext, worker};
 use geogate::replay::capture;
 use geogate::sink::dead_letter::DeadLetterSink;
 use geogate::source::intake::Intake;
@@ -129,6 +133,214 @@ impl Pipeline {
         }
     }
 
+    /// A shard's input as the bench builds it: the default watermark and a
+    /// gate that admits everything this capture sends.
+    fn shard_input(shard: usize, tx: mpsc::Sender<Admitted>, capacity: usize) -> ShardInput {
+        let gate: GateSpec = "token:rate=1000000,burst=100000".parse().expect("gate");
+        ShardInput::new(
+            shard,
+            tx,
+            Admission::new(
+                AdmissionPolicy::new(0.6, capacity).expect("policy"),
+                gate.build().expect("gate"),
+            ),
+            None,
+        )
+    }
+
+    /// A worker's context; the fences never change during a run, so the
+    /// watch's sender is let go at once.
+    fn worker_context(
+        &self,
+        shard: usize,
+        sink: BatchSink,
+        accounting: &Arc<Accounting>,
+        completions: &Completions,
+        deadline: &watch::Receiver<Option<Instant>>,
+    ) -> WorkerContext {
+        WorkerContext {
+            shard,
+            fences: watch::channel(self.index.clone()).1,
+            sink,
+            counters: Arc::new(ShardCounters::new(
+                shard,
+                accounting.clone(),
+                completions.clone(),
+            )),
+            sustained_rate: 0.0,
+            deadline: deadline.clone(),
+            per_fence_labels: false,
+        }
+    }
+
+    /// The router over `shards`, with the default codec (its dedup window
+    /// on) and a dead-letter file.
+    fn router(
+        &self,
+        shards: Vec<ShardInput>,
+        accounting: &Arc<Accounting>,
+        completions: Completions,
+        deadline: &watch::Receiver<Option<Instant>>,
+    ) -> Router<MonotonicClock> {
+        let codec = CodecSettings::default();
+        let (dead_letter, _) = DeadLetterSink::open(
+            &self.dir.path().join("dead-letter.ndjson"),
+            64 << 20,
+            FsyncPolicy::Flush,
+        )
+        .expect("dead-letter file");
+        Router {
+            shards,
+            dedup: Dedup::new(codec.dedup_window),
+            codec,
+            dead_letter,
+            mirror: None,
+            completions,
+            accounting: accounting.clone(),
+            clock: MonotonicClock::new(),
+            deadline: deadline.clone(),
+        }
+    }
+
+    /// Each stage alone, one after another, beside decode-only and the
+    /// whole pipeline, `rounds` times; prints the CPU and wall time per
+    /// message of each. Why: a sampling profile of the running pipeline
+    /// shares its CPU out by stage, but cannot say what a stage costs with
+    /// nothing beside it, nor what running the stages together adds. The
+    /// decode lane runs alone into memory; the router then routes its
+    /// batches into queues that hold everything (so it never waits, and
+    /// the watermark is never reached); then the shard workers, committer
+    /// and relay drain those queues. Memory backend, 2 shards, the
+    /// default decode lanes.
+    #[cfg(target_os = "linux")]
+    fn stages_alone(
+        &self,
+        payloads: &[(String, Vec<u8>)],
+        shared: &[(String, Bytes)],
+        runtime: &tokio::runtime::Runtime,
+        scrape: &dyn Fn(),
+        rounds: usize,
+    ) {
+        const SHARDS: usize = 2;
+        const STAGES: [&str; 5] = [
+            "decode-only (one thread)",
+            "the pipeline",
+            "the decode lane alone",
+            "the router alone",
+            "workers, committer and relay alone",
+        ];
+        let per_message = 1e6 / shared.len() as f64;
+        // Wall and CPU µs per message of each stage, one entry per round.
+        let mut times: [Vec<(f64, f64)>; 5] = Default::default();
+        let mut measure = |stage: usize, work: &mut dyn FnMut()| {
+            let (cpu, wall) = (process_cpu_seconds(), Instant::now());
+            work();
+            times[stage].push((
+                wall.elapsed().as_secs_f64() * per_message,
+                (process_cpu_seconds() - cpu) * per_message,
+            ));
+        };
+        let codec = CodecSettings::default();
+        let lanes = PipelineConfig::default().decode_lane_count();
+        for _ in 0..rounds {
+            scrape();
+            measure(0, &mut || {
+                black_box(
+                    payloads
+                        .iter()
+                        .filter(|(t, p)| decode(t, p, &codec).is_ok())
+                        .count(),
+                );
+            });
+            let mut intake = Some(Self::intake(shared, lanes));
+            let mut state = Some(self.state(StateBackend::Memory, FsyncPolicy::Flush));
+            measure(1, &mut || {
+                let (intake, state) = (intake.take(), state.take());
+                runtime.block_on(self.run(intake.expect("once"), SHARDS, state.expect("once")));
+            });
+            let mut intake = Some(Self::intake(shared, lanes));
+            let mut batches = Vec::new();
+            measure(2, &mut || {
+                let lanes = intake.take().expect("once");
+                runtime.block_on(async {
+                    let mut decoded = geogate::pipeline::decode::start(lanes, codec.clone());
+                    while let Some(batch) = decoded.recv().await {
+                        batches.push(batch);
+                    }
+                });
+            });
+            let (decoded_tx, decoded) = mpsc::channel(batches.len().max(1));
+            for batch in batches {
+                decoded_tx.try_send(batch).expect("sized to the batches");
+            }
+            drop(decoded_tx);
+            let accounting = Arc::new(Accounting::default());
+            let (completions, _finished) = Completions::channel();
+            let (_deadline_tx, deadline) = watch::channel(None);
+            let capacity = shared.len();
+            let (inputs, mut queues): (Vec<_>, Vec<_>) = (0..SHARDS)
+                .map(|shard| {
+                    let (tx, rx) = mpsc::channel(capacity);
+                    (Self::shard_input(shard, tx, capacity), Some(rx))
+                })
+                .unzip();
+            let mut router = Some(self.router(inputs, &accounting, completions.clone(), &deadline));
+            let mut decoded = Some(decoded);
+            measure(3, &mut || {
+                let (router, decoded) = (router.take(), decoded.take());
+                runtime.block_on(router.expect("once").run(decoded.expect("once")));
+            });
+            let state = self.state(StateBackend::Memory, FsyncPolicy::Flush);
+            measure(4, &mut || {
+                runtime.block_on(async {
+                    let events = self.events_path();
+                    let mut stage =
+                        StateStage::start(&state, Some(&events), None, SHARDS, deadline.clone())
+                            .expect("state stage");
+                    let workers: Vec<_> = queues
+                        .iter_mut()
+                        .enumerate()
+                        .map(|(shard, queue)| {
+                            let evaluator = stage.evaluator(
+                                shard,
+                                self.index.clone(),
+                                EvaluatorSettings::default(),
+                            );
+                            let sink = BatchSink::Commit(stage.commits.clone());
+                            let ctx = self.worker_context(
+                                shard,
+                                sink,
+                                &accounting,
+                                &completions,
+                                &deadline,
+                            );
+                            tokio::spawn(worker(queue.take().expect("once"), evaluator, ctx))
+                        })
+                        .collect();
+                    let finished = stage.finish();
+                    for w in workers {
+                        let _ = w.await;
+                    }
+                    finished.await;
+                });
+            });
+        }
+        let summary = |i: usize, pick: fn(&(f64, f64)) -> f64| {
+            let mut v: Vec<f64> = times[i].iter().map(pick).collect();
+            v.sort_by(f64::total_cmp);
+            let median = (v[(v.len() - 1) / 2] + v[v.len() / 2]) / 2.0;
+            format!("{median:.2} [{:.2}–{:.2}]", v[0], v[v.len() - 1])
+        };
+        eprintln!("each stage alone, µs per message, median [min–max] of {rounds} rounds:");
+        for (i, name) in STAGES.iter().enumerate() {
+            eprintln!(
+                "  {name}: CPU {}, wall {}",
+                summary(i, |t| t.1),
+                summary(i, |t| t.0)
+            );
+        }
+    }
+
     /// Routes, evaluates and commits every queued message on `shards`
     /// workers; returns how many were evaluated.
     async fn run(
@@ -150,7 +362,6 @@ impl Pipeline {
         let started = Instant::now();
         let accounting = Arc::new(Accounting::default());
         let (completions, _finished) = Completions::channel();
-        let (_fences_tx, fences) = watch::channel(self.index.clone());
         let (_deadline_tx, deadline) = watch::channel(None);
         let events = self.events_path();
         let settings = EvaluatorSettings::default();
@@ -177,20 +388,11 @@ impl Pipeline {
             );
         }
         let capacity = PipelineConfig::default().queue_capacity;
-        let gate: GateSpec = "token:rate=1000000,burst=100000".parse().expect("gate");
         let mut inputs = Vec::new();
         let mut workers = Vec::new();
         for shard in 0..shards {
             let (tx, rx) = mpsc::channel(capacity);
-            inputs.push(ShardInput::new(
-                shard,
-                tx,
-                Admission::new(
-                    AdmissionPolicy::new(0.6, capacity).expect("policy"),
-                    gate.build().expect("gate"),
-                ),
-                None,
-            ));
+            inputs.push(Self::shard_input(shard, tx, capacity));
             let (evaluator, sink) = match (&mut local, &shared) {
                 (Some(stage), _) => (
                     stage.evaluator(shard, self.index.clone(), settings),
@@ -202,40 +404,11 @@ impl Pipeline {
                 ),
                 (None, None) => unreachable!("one stage was started above"),
             };
-            let ctx = WorkerContext {
-                shard,
-                fences: fences.clone(),
-                sink,
-                counters: Arc::new(ShardCounters::new(
-                    shard,
-                    accounting.clone(),
-                    completions.clone(),
-                )),
-                sustained_rate: 0.0,
-                deadline: deadline.clone(),
-                per_fence_labels: false,
-            };
+            let ctx = self.worker_context(shard, sink, &accounting, &completions, &deadline);
             workers.push(tokio::spawn(worker(rx, evaluator, ctx)));
         }
-        let codec = CodecSettings::default();
-        let decoded = geogate::pipeline::decode::start(intake, codec.clone());
-        let (dead_letter, _) = DeadLetterSink::open(
-            &self.dir.path().join("dead-letter.ndjson"),
-            64 << 20,
-            FsyncPolicy::Flush,
-        )
-        .expect("dead-letter file");
-        let router = Router {
-            shards: inputs,
-            dedup: Dedup::new(codec.dedup_window),
-            codec,
-            dead_letter,
-            mirror: None,
-            completions,
-            accounting: accounting.clone(),
-            clock: MonotonicClock::new(),
-            deadline: deadline.clone(),
-        };
+        let decoded = geogate::pipeline::decode::start(intake, CodecSettings::default());
+        let router = self.router(inputs, &accounting, completions, &deadline);
         // Started as `pipeline::run` starts it, on its own thread.
         let routing = Instant::now();
         let _ = router.spawn(decoded).await;
@@ -330,18 +503,27 @@ fn pipeline(c: &mut Criterion) {
             black_box(handle.render());
         }
     };
+    let stages_rounds = std::env::var("GEOGATE_STAGES").ok();
     let pipeline = Pipeline {
         index,
         dir: tempfile::tempdir().expect("temp dir"),
-        redis: LocalRedis::start(),
+        redis: stages_rounds.is_none().then(LocalRedis::start).flatten(),
     };
-    if pipeline.redis.is_none() {
-        eprintln!("redis-server not found: the pipeline_redis benches are skipped");
-    }
     let shared: Vec<(String, Bytes)> = payloads
         .iter()
         .map(|(t, p)| (t.clone(), Bytes::from(p.clone())))
         .collect();
+    if let Some(rounds) = stages_rounds {
+        let rounds = rounds.parse().expect("GEOGATE_STAGES: a number of rounds");
+        #[cfg(target_os = "linux")]
+        pipeline.stages_alone(&payloads, &shared, &runtime, &scrape, rounds);
+        #[cfg(not(target_os = "linux"))]
+        eprintln!("GEOGATE_STAGES={rounds}: Linux only (it reads the process's CPU time)");
+        return;
+    }
+    if pipeline.redis.is_none() {
+        eprintln!("redis-server not found: the pipeline_redis benches are skipped");
+    }
     let backends = [
         ("memory", StateBackend::Memory, FsyncPolicy::Flush),
         ("embedded_flush", StateBackend::Embedded, FsyncPolicy::Flush),
