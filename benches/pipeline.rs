@@ -9,8 +9,9 @@
 //! evaluated against the demo fences.
 //!
 //! With `GEOGATE_STAGES=<rounds>` it times each stage alone instead
-//! (`Pipeline::stages_alone`), and runs no criterion benchmark of the
-//! pipeline: `GEOGATE_STAGES=12 cargo bench --bench pipeline -- stages_alone`.
+//! (`Pipeline::stages_alone`) and runs no benchmark of the pipeline:
+//! `GEOGATE_STAGES=20 cargo bench --bench pipeline -- stages_alone` (the
+//! filter matches no benchmark, so that the decode ones do not run either).
 
 use bytes::Bytes;
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -20,6 +21,7 @@ use geogate::codec::{CodecSettings, Dedup, decode};
 use geogate::config::{FsyncPolicy, PipelineConfig, StateBackend, StateConfig};
 use geogate::geofence::{EvaluatorSettings, FenceIndex, load_fences};
 use geogate::pipeline::accounting::Accounting;
+use geogate::pipeline::decode::Decoded;
 use geogate::pipeline::shard::worker::BatchSink;
 use geogate::pipeline::shard::{Admitted, Router, ShardInput, WorkerContext, worker};
 use geogate::replay::capture;
@@ -137,19 +139,20 @@ impl Pipeline {
     /// gate that admits everything this capture sends.
     fn shard_input(shard: usize, tx: mpsc::Sender<Admitted>, capacity: usize) -> ShardInput {
         let gate: GateSpec = "token:rate=1000000,burst=100000".parse().expect("gate");
+        let watermark = PipelineConfig::default().watermark;
         ShardInput::new(
             shard,
             tx,
             Admission::new(
-                AdmissionPolicy::new(0.6, capacity).expect("policy"),
+                AdmissionPolicy::new(watermark, capacity).expect("policy"),
                 gate.build().expect("gate"),
             ),
             None,
         )
     }
 
-    /// A worker's context; the fences never change during a run, so the
-    /// watch's sender is let go at once.
+    /// A worker's context. The fences never change during a run, so the
+    /// watch's sender is let go at once (a closed watch reads as unchanged).
     fn worker_context(
         &self,
         shard: usize,
@@ -202,16 +205,29 @@ impl Pipeline {
         }
     }
 
+    /// A shard worker on the local state stage (memory or embedded).
+    fn local_worker(
+        &self,
+        stage: &mut StateStage,
+        shard: usize,
+        queue: mpsc::Receiver<Admitted>,
+        accounting: &Arc<Accounting>,
+        completions: &Completions,
+        deadline: &watch::Receiver<Option<Instant>>,
+    ) -> tokio::task::JoinHandle<()> {
+        let evaluator = stage.evaluator(shard, self.index.clone(), EvaluatorSettings::default());
+        let sink = BatchSink::Commit(stage.commits.clone());
+        let ctx = self.worker_context(shard, sink, accounting, completions, deadline);
+        tokio::spawn(worker(queue, evaluator, ctx))
+    }
+
     /// Each stage alone, one after another, beside decode-only and the
-    /// whole pipeline, `rounds` times; prints the CPU and wall time per
-    /// message of each. Why: a sampling profile of the running pipeline
-    /// shares its CPU out by stage, but cannot say what a stage costs with
-    /// nothing beside it, nor what running the stages together adds. The
-    /// decode lane runs alone into memory; the router then routes its
-    /// batches into queues that hold everything (so it never waits, and
-    /// the watermark is never reached); then the shard workers, committer
-    /// and relay drain those queues. Memory backend, 2 shards, the
-    /// default decode lanes.
+    /// whole pipeline, `rounds` times; prints what each costs per message,
+    /// and what running them side by side adds. Why: a sampling profile of
+    /// the running pipeline shares its CPU out by stage, but cannot say
+    /// what a stage costs with nothing beside it. Memory backend, 2
+    /// shards, the default decode lanes. Odd rounds run the stages alone
+    /// first, so neither side always runs first.
     #[cfg(target_os = "linux")]
     fn stages_alone(
         &self,
@@ -222,123 +238,172 @@ impl Pipeline {
         rounds: usize,
     ) {
         const SHARDS: usize = 2;
-        const STAGES: [&str; 5] = [
-            "decode-only (one thread)",
-            "the pipeline",
-            "the decode lane alone",
-            "the router alone",
-            "workers, committer and relay alone",
-        ];
-        let per_message = 1e6 / shared.len() as f64;
-        // Wall and CPU µs per message of each stage, one entry per round.
-        let mut times: [Vec<(f64, f64)>; 5] = Default::default();
-        let mut measure = |stage: usize, work: &mut dyn FnMut()| {
-            let (cpu, wall) = (process_cpu_seconds(), Instant::now());
-            work();
-            times[stage].push((
-                wall.elapsed().as_secs_f64() * per_message,
-                (process_cpu_seconds() - cpu) * per_message,
-            ));
-        };
-        let codec = CodecSettings::default();
         let lanes = PipelineConfig::default().decode_lane_count();
-        for _ in 0..rounds {
+        let together = || {
+            let (_, decode_only) = timed(|| decode_all(payloads, &CodecSettings::default()));
             scrape();
-            measure(0, &mut || {
-                black_box(
-                    payloads
-                        .iter()
-                        .filter(|(t, p)| decode(t, p, &codec).is_ok())
-                        .count(),
-                );
-            });
-            let mut intake = Some(Self::intake(shared, lanes));
-            let mut state = Some(self.state(StateBackend::Memory, FsyncPolicy::Flush));
-            measure(1, &mut || {
-                let (intake, state) = (intake.take(), state.take());
-                runtime.block_on(self.run(intake.expect("once"), SHARDS, state.expect("once")));
-            });
-            let mut intake = Some(Self::intake(shared, lanes));
-            let mut batches = Vec::new();
-            measure(2, &mut || {
-                let lanes = intake.take().expect("once");
-                runtime.block_on(async {
-                    let mut decoded = geogate::pipeline::decode::start(lanes, codec.clone());
-                    while let Some(batch) = decoded.recv().await {
-                        batches.push(batch);
-                    }
-                });
-            });
-            let (decoded_tx, decoded) = mpsc::channel(batches.len().max(1));
-            for batch in batches {
-                decoded_tx.try_send(batch).expect("sized to the batches");
-            }
-            drop(decoded_tx);
+            let (intake, state) = (
+                Self::intake(shared, lanes),
+                self.state(StateBackend::Memory, FsyncPolicy::Flush),
+            );
+            let (_, pipeline) = timed(|| runtime.block_on(self.run(intake, SHARDS, state)));
+            [decode_only, pipeline]
+        };
+        let alone = || {
             let accounting = Arc::new(Accounting::default());
             let (completions, _finished) = Completions::channel();
             let (_deadline_tx, deadline) = watch::channel(None);
-            let capacity = shared.len();
-            let (inputs, mut queues): (Vec<_>, Vec<_>) = (0..SHARDS)
-                .map(|shard| {
-                    let (tx, rx) = mpsc::channel(capacity);
-                    (Self::shard_input(shard, tx, capacity), Some(rx))
-                })
-                .unzip();
-            let mut router = Some(self.router(inputs, &accounting, completions.clone(), &deadline));
-            let mut decoded = Some(decoded);
-            measure(3, &mut || {
-                let (router, decoded) = (router.take(), decoded.take());
-                runtime.block_on(router.expect("once").run(decoded.expect("once")));
+            scrape();
+            let intake = Self::intake(shared, lanes);
+            let (batches, lane) = timed(|| Self::lanes_alone(runtime, intake));
+            scrape();
+            let (queues, router) = timed(|| {
+                self.router_alone(
+                    runtime,
+                    batches,
+                    SHARDS,
+                    &accounting,
+                    &completions,
+                    &deadline,
+                )
             });
+            scrape();
             let state = self.state(StateBackend::Memory, FsyncPolicy::Flush);
-            measure(4, &mut || {
-                runtime.block_on(async {
-                    let events = self.events_path();
-                    let mut stage =
-                        StateStage::start(&state, Some(&events), None, SHARDS, deadline.clone())
-                            .expect("state stage");
-                    let workers: Vec<_> = queues
-                        .iter_mut()
-                        .enumerate()
-                        .map(|(shard, queue)| {
-                            let evaluator = stage.evaluator(
-                                shard,
-                                self.index.clone(),
-                                EvaluatorSettings::default(),
-                            );
-                            let sink = BatchSink::Commit(stage.commits.clone());
-                            let ctx = self.worker_context(
-                                shard,
-                                sink,
-                                &accounting,
-                                &completions,
-                                &deadline,
-                            );
-                            tokio::spawn(worker(queue.take().expect("once"), evaluator, ctx))
-                        })
-                        .collect();
-                    let finished = stage.finish();
-                    for w in workers {
-                        let _ = w.await;
-                    }
-                    finished.await;
-                });
+            let (_, workers) = timed(|| {
+                self.workers_alone(
+                    runtime,
+                    &state,
+                    queues,
+                    &accounting,
+                    &completions,
+                    &deadline,
+                )
             });
+            [lane, router, workers]
+        };
+        let mut samples = Vec::with_capacity(rounds);
+        for round in 0..rounds {
+            let (t, a) = if round % 2 == 0 {
+                (together(), alone())
+            } else {
+                let a = alone();
+                (together(), a)
+            };
+            samples.push([t[0], t[1], a[0], a[1], a[2]]);
         }
-        let summary = |i: usize, pick: fn(&(f64, f64)) -> f64| {
-            let mut v: Vec<f64> = times[i].iter().map(pick).collect();
+        let us = 1e6 / shared.len() as f64;
+        let line = |what: &str, value: &dyn Fn(&[Sample; 5]) -> f64| {
+            let mut v: Vec<f64> = samples.iter().map(value).collect();
             v.sort_by(f64::total_cmp);
             let median = (v[(v.len() - 1) / 2] + v[v.len() / 2]) / 2.0;
-            format!("{median:.2} [{:.2}–{:.2}]", v[0], v[v.len() - 1])
+            eprintln!("  {what}: {median:.2} [{:.2}–{:.2}]", v[0], v[v.len() - 1]);
         };
-        eprintln!("each stage alone, µs per message, median [min–max] of {rounds} rounds:");
-        for (i, name) in STAGES.iter().enumerate() {
-            eprintln!(
-                "  {name}: CPU {}, wall {}",
-                summary(i, |t| t.1),
-                summary(i, |t| t.0)
-            );
+        eprintln!("stages alone: median [min–max] of {rounds} rounds, µs per message unless named");
+        let names = [
+            "decode-only (one thread)",
+            "the pipeline",
+            "the decode lanes alone",
+            "the router alone",
+            "workers, committer and relay alone",
+        ];
+        for (i, name) in names.iter().enumerate() {
+            line(&format!("{name}, CPU"), &|s| s[i].cpu * us);
+            line(&format!("{name}, wall"), &|s| s[i].wall * us);
         }
+        let alone_cpu = |s: &[Sample; 5]| (s[2].cpu + s[3].cpu + s[4].cpu) * us;
+        line("the three stages alone, CPU summed", &alone_cpu);
+        line("side by side, more CPU than alone", &|s| {
+            s[1].cpu * us - alone_cpu(s)
+        });
+        line("the lanes alone over decode-only, CPU", &|s| {
+            (s[2].cpu - s[0].cpu) * us
+        });
+        line("the pipeline's wall over the lanes' alone (×)", &|s| {
+            s[1].wall / s[2].wall
+        });
+        line("the pipeline's cores busy", &|s| s[1].cpu / s[1].wall);
+        line("the pipeline's rate (M/s)", &|s| 1.0 / (s[1].wall * us));
+        line("the pipeline's rate over decode-only's (×)", &|s| {
+            s[0].wall / s[1].wall
+        });
+    }
+
+    /// The decode lanes alone, into memory.
+    #[cfg(target_os = "linux")]
+    fn lanes_alone(
+        runtime: &tokio::runtime::Runtime,
+        intake: Vec<mpsc::Receiver<Envelope>>,
+    ) -> Vec<Vec<Decoded>> {
+        runtime.block_on(async {
+            let mut decoded = geogate::pipeline::decode::start(intake, CodecSettings::default());
+            let mut batches = Vec::new();
+            while let Some(batch) = decoded.recv().await {
+                batches.push(batch);
+            }
+            batches
+        })
+    }
+
+    /// The router alone over `batches`, into queues that hold twice the
+    /// capture, so it never waits and no shard reaches the watermark;
+    /// returns the filled queues.
+    #[cfg(target_os = "linux")]
+    fn router_alone(
+        &self,
+        runtime: &tokio::runtime::Runtime,
+        batches: Vec<Vec<Decoded>>,
+        shards: usize,
+        accounting: &Arc<Accounting>,
+        completions: &Completions,
+        deadline: &watch::Receiver<Option<Instant>>,
+    ) -> Vec<mpsc::Receiver<Admitted>> {
+        let (decoded_tx, decoded) = mpsc::channel(batches.len().max(1));
+        let total: usize = batches.iter().map(Vec::len).sum();
+        for batch in batches {
+            decoded_tx.try_send(batch).expect("sized to the batches");
+        }
+        drop(decoded_tx);
+        let capacity = 2 * total.max(1);
+        let (inputs, queues) = (0..shards)
+            .map(|shard| {
+                let (tx, rx) = mpsc::channel(capacity);
+                (Self::shard_input(shard, tx, capacity), rx)
+            })
+            .unzip();
+        let router = self.router(inputs, accounting, completions.clone(), deadline);
+        runtime.block_on(router.run(decoded));
+        queues
+    }
+
+    /// The shard workers, committer and relay alone, draining `queues`.
+    #[cfg(target_os = "linux")]
+    fn workers_alone(
+        &self,
+        runtime: &tokio::runtime::Runtime,
+        state: &StateConfig,
+        queues: Vec<mpsc::Receiver<Admitted>>,
+        accounting: &Arc<Accounting>,
+        completions: &Completions,
+        deadline: &watch::Receiver<Option<Instant>>,
+    ) {
+        runtime.block_on(async {
+            let events = self.events_path();
+            let mut stage =
+                StateStage::start(state, Some(&events), None, queues.len(), deadline.clone())
+                    .expect("state stage");
+            let workers: Vec<_> = queues
+                .into_iter()
+                .enumerate()
+                .map(|(shard, queue)| {
+                    self.local_worker(&mut stage, shard, queue, accounting, completions, deadline)
+                })
+                .collect();
+            let finished = stage.finish();
+            for w in workers {
+                let _ = w.await;
+            }
+            finished.await;
+        });
     }
 
     /// Routes, evaluates and commits every queued message on `shards`
@@ -393,19 +458,19 @@ impl Pipeline {
         for shard in 0..shards {
             let (tx, rx) = mpsc::channel(capacity);
             inputs.push(Self::shard_input(shard, tx, capacity));
-            let (evaluator, sink) = match (&mut local, &shared) {
-                (Some(stage), _) => (
-                    stage.evaluator(shard, self.index.clone(), settings),
-                    BatchSink::Commit(stage.commits.clone()),
-                ),
-                (None, Some(stage)) => (
-                    geogate::geofence::Evaluator::new(self.index.clone(), settings),
-                    BatchSink::Shared(stage.applier(self.index.clone(), settings)),
-                ),
+            workers.push(match (&mut local, &shared) {
+                (Some(stage), _) => {
+                    self.local_worker(stage, shard, rx, &accounting, &completions, &deadline)
+                }
+                (None, Some(stage)) => {
+                    let evaluator = geogate::geofence::Evaluator::new(self.index.clone(), settings);
+                    let sink = BatchSink::Shared(stage.applier(self.index.clone(), settings));
+                    let ctx =
+                        self.worker_context(shard, sink, &accounting, &completions, &deadline);
+                    tokio::spawn(worker(rx, evaluator, ctx))
+                }
                 (None, None) => unreachable!("one stage was started above"),
-            };
-            let ctx = self.worker_context(shard, sink, &accounting, &completions, &deadline);
-            workers.push(tokio::spawn(worker(rx, evaluator, ctx)));
+            });
         }
         let decoded = geogate::pipeline::decode::start(intake, CodecSettings::default());
         let router = self.router(inputs, &accounting, completions, &deadline);
@@ -470,6 +535,33 @@ fn process_cpu_seconds() -> f64 {
     seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }
 
+/// How many payloads decode; what decode-only times.
+fn decode_all(payloads: &[(String, Vec<u8>)], settings: &CodecSettings) -> usize {
+    payloads
+        .iter()
+        .filter(|(t, p)| decode(t, p, settings).is_ok())
+        .count()
+}
+
+/// Wall and CPU seconds of one piece of work.
+#[cfg(target_os = "linux")]
+#[derive(Clone, Copy)]
+struct Sample {
+    wall: f64,
+    cpu: f64,
+}
+
+#[cfg(target_os = "linux")]
+fn timed<T>(work: impl FnOnce() -> T) -> (T, Sample) {
+    let (cpu, wall) = (process_cpu_seconds(), Instant::now());
+    let out = work();
+    let sample = Sample {
+        wall: wall.elapsed().as_secs_f64(),
+        cpu: process_cpu_seconds() - cpu,
+    };
+    (out, sample)
+}
+
 fn pipeline(c: &mut Criterion) {
     let payloads = payloads();
     let index = Arc::new(FenceIndex::new(
@@ -483,12 +575,7 @@ fn pipeline(c: &mut Criterion) {
     group.throughput(Throughput::Elements(payloads.len() as u64));
     group.sample_size(20);
     group.bench_function("decode_only", |b| {
-        b.iter(|| {
-            payloads
-                .iter()
-                .filter(|(t, p)| decode(t, p, &settings).is_ok())
-                .count()
-        })
+        b.iter(|| decode_all(&payloads, &settings))
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -514,7 +601,11 @@ fn pipeline(c: &mut Criterion) {
         .map(|(t, p)| (t.clone(), Bytes::from(p.clone())))
         .collect();
     if let Some(rounds) = stages_rounds {
-        let rounds = rounds.parse().expect("GEOGATE_STAGES: a number of rounds");
+        let rounds = rounds
+            .parse::<usize>()
+            .ok()
+            .filter(|&r| r > 0)
+            .expect("GEOGATE_STAGES: a number of rounds, at least 1");
         #[cfg(target_os = "linux")]
         pipeline.stages_alone(&payloads, &shared, &runtime, &scrape, rounds);
         #[cfg(not(target_os = "linux"))]
