@@ -21,6 +21,7 @@ use geogate::codec::{CodecSettings, Dedup, decode};
 use geogate::config::{FsyncPolicy, PipelineConfig, StateBackend, StateConfig};
 use geogate::geofence::{EvaluatorSettings, FenceIndex, load_fences};
 use geogate::pipeline::accounting::Accounting;
+#[cfg(target_os = "linux")]
 use geogate::pipeline::decode::Decoded;
 use geogate::pipeline::shard::worker::BatchSink;
 use geogate::pipeline::shard::{Admitted, Router, ShardInput, WorkerContext, worker};
@@ -153,38 +154,25 @@ impl Pipeline {
 
     /// A worker's context. The fences never change during a run, so the
     /// watch's sender is let go at once (a closed watch reads as unchanged).
-    fn worker_context(
-        &self,
-        shard: usize,
-        sink: BatchSink,
-        accounting: &Arc<Accounting>,
-        completions: &Completions,
-        deadline: &watch::Receiver<Option<Instant>>,
-    ) -> WorkerContext {
+    fn worker_context(&self, shard: usize, sink: BatchSink, run: &RunContext) -> WorkerContext {
         WorkerContext {
             shard,
             fences: watch::channel(self.index.clone()).1,
             sink,
             counters: Arc::new(ShardCounters::new(
                 shard,
-                accounting.clone(),
-                completions.clone(),
+                run.accounting.clone(),
+                run.completions.clone(),
             )),
             sustained_rate: 0.0,
-            deadline: deadline.clone(),
+            deadline: run.deadline.clone(),
             per_fence_labels: false,
         }
     }
 
     /// The router over `shards`, with the default codec (its dedup window
     /// on) and a dead-letter file.
-    fn router(
-        &self,
-        shards: Vec<ShardInput>,
-        accounting: &Arc<Accounting>,
-        completions: Completions,
-        deadline: &watch::Receiver<Option<Instant>>,
-    ) -> Router<MonotonicClock> {
+    fn router(&self, shards: Vec<ShardInput>, run: &RunContext) -> Router<MonotonicClock> {
         let codec = CodecSettings::default();
         let (dead_letter, _) = DeadLetterSink::open(
             &self.dir.path().join("dead-letter.ndjson"),
@@ -198,26 +186,25 @@ impl Pipeline {
             codec,
             dead_letter,
             mirror: None,
-            completions,
-            accounting: accounting.clone(),
+            completions: run.completions.clone(),
+            accounting: run.accounting.clone(),
             clock: MonotonicClock::new(),
-            deadline: deadline.clone(),
+            deadline: run.deadline.clone(),
         }
     }
 
     /// A shard worker on the local state stage (memory or embedded).
     fn local_worker(
         &self,
+        settings: EvaluatorSettings,
         stage: &mut StateStage,
         shard: usize,
         queue: mpsc::Receiver<Admitted>,
-        accounting: &Arc<Accounting>,
-        completions: &Completions,
-        deadline: &watch::Receiver<Option<Instant>>,
+        run: &RunContext,
     ) -> tokio::task::JoinHandle<()> {
-        let evaluator = stage.evaluator(shard, self.index.clone(), EvaluatorSettings::default());
+        let evaluator = stage.evaluator(shard, self.index.clone(), settings);
         let sink = BatchSink::Commit(stage.commits.clone());
-        let ctx = self.worker_context(shard, sink, accounting, completions, deadline);
+        let ctx = self.worker_context(shard, sink, run);
         tokio::spawn(worker(queue, evaluator, ctx))
     }
 
@@ -226,8 +213,10 @@ impl Pipeline {
     /// and what running them side by side adds. Why: a sampling profile of
     /// the running pipeline shares its CPU out by stage, but cannot say
     /// what a stage costs with nothing beside it. Memory backend, 2
-    /// shards, the default decode lanes. Odd rounds run the stages alone
-    /// first, so neither side always runs first.
+    /// shards, the default decode lanes. Every second round (the second,
+    /// the fourth, ...) runs the stages alone first, so neither side always
+    /// runs first. Both sides must evaluate the same fixes (none shed, none
+    /// left behind), or the comparison is off; it says so if not.
     #[cfg(target_os = "linux")]
     fn stages_alone(
         &self,
@@ -246,50 +235,39 @@ impl Pipeline {
                 Self::intake(shared, lanes),
                 self.state(StateBackend::Memory, FsyncPolicy::Flush),
             );
-            let (_, pipeline) = timed(|| runtime.block_on(self.run(intake, SHARDS, state)));
-            [decode_only, pipeline]
+            let (evaluated, pipeline) = timed(|| runtime.block_on(self.run(intake, SHARDS, state)));
+            ([decode_only, pipeline], evaluated)
         };
         let alone = || {
-            let accounting = Arc::new(Accounting::default());
-            let (completions, _finished) = Completions::channel();
-            let (_deadline_tx, deadline) = watch::channel(None);
+            let run = RunContext::new();
             scrape();
             let intake = Self::intake(shared, lanes);
             let (batches, lane) = timed(|| Self::lanes_alone(runtime, intake));
             scrape();
-            let (queues, router) = timed(|| {
-                self.router_alone(
-                    runtime,
-                    batches,
-                    SHARDS,
-                    &accounting,
-                    &completions,
-                    &deadline,
-                )
-            });
+            let (queues, router) = timed(|| self.router_alone(runtime, batches, SHARDS, &run));
             scrape();
             let state = self.state(StateBackend::Memory, FsyncPolicy::Flush);
-            let (_, workers) = timed(|| {
-                self.workers_alone(
-                    runtime,
-                    &state,
-                    queues,
-                    &accounting,
-                    &completions,
-                    &deadline,
-                )
-            });
-            [lane, router, workers]
+            let (_, workers) = timed(|| self.workers_alone(runtime, &state, queues, &run));
+            ([lane, router, workers], run.accounting.balance().evaluated)
         };
         let mut samples = Vec::with_capacity(rounds);
+        let mut evaluated = Vec::with_capacity(rounds);
         for round in 0..rounds {
-            let (t, a) = if round % 2 == 0 {
+            let ((t, by_pipeline), (a, by_stages)) = if round % 2 == 0 {
                 (together(), alone())
             } else {
                 let a = alone();
                 (together(), a)
             };
             samples.push([t[0], t[1], a[0], a[1], a[2]]);
+            evaluated.push((by_pipeline, by_stages));
+        }
+        let differ: Vec<_> = evaluated.iter().filter(|(p, a)| p != a).collect();
+        if !differ.is_empty() {
+            eprintln!(
+                "the pipeline and the stages alone evaluated different counts in {} of {rounds} rounds (pipeline, alone): {differ:?}",
+                differ.len()
+            );
         }
         let us = 1e6 / shared.len() as f64;
         let line = |what: &str, value: &dyn Fn(&[Sample; 5]) -> f64| {
@@ -353,9 +331,7 @@ impl Pipeline {
         runtime: &tokio::runtime::Runtime,
         batches: Vec<Vec<Decoded>>,
         shards: usize,
-        accounting: &Arc<Accounting>,
-        completions: &Completions,
-        deadline: &watch::Receiver<Option<Instant>>,
+        run: &RunContext,
     ) -> Vec<mpsc::Receiver<Admitted>> {
         let (decoded_tx, decoded) = mpsc::channel(batches.len().max(1));
         let total: usize = batches.iter().map(Vec::len).sum();
@@ -370,8 +346,7 @@ impl Pipeline {
                 (Self::shard_input(shard, tx, capacity), rx)
             })
             .unzip();
-        let router = self.router(inputs, accounting, completions.clone(), deadline);
-        runtime.block_on(router.run(decoded));
+        runtime.block_on(self.router(inputs, run).run(decoded));
         queues
     }
 
@@ -382,21 +357,23 @@ impl Pipeline {
         runtime: &tokio::runtime::Runtime,
         state: &StateConfig,
         queues: Vec<mpsc::Receiver<Admitted>>,
-        accounting: &Arc<Accounting>,
-        completions: &Completions,
-        deadline: &watch::Receiver<Option<Instant>>,
+        run: &RunContext,
     ) {
         runtime.block_on(async {
             let events = self.events_path();
-            let mut stage =
-                StateStage::start(state, Some(&events), None, queues.len(), deadline.clone())
-                    .expect("state stage");
+            let mut stage = StateStage::start(
+                state,
+                Some(&events),
+                None,
+                queues.len(),
+                run.deadline.clone(),
+            )
+            .expect("state stage");
+            let settings = EvaluatorSettings::default();
             let workers: Vec<_> = queues
                 .into_iter()
                 .enumerate()
-                .map(|(shard, queue)| {
-                    self.local_worker(&mut stage, shard, queue, accounting, completions, deadline)
-                })
+                .map(|(shard, queue)| self.local_worker(settings, &mut stage, shard, queue, run))
                 .collect();
             let finished = stage.finish();
             for w in workers {
@@ -425,9 +402,7 @@ impl Pipeline {
         state: StateConfig,
     ) -> (u64, Phases) {
         let started = Instant::now();
-        let accounting = Arc::new(Accounting::default());
-        let (completions, _finished) = Completions::channel();
-        let (_deadline_tx, deadline) = watch::channel(None);
+        let run = RunContext::new();
         let events = self.events_path();
         let settings = EvaluatorSettings::default();
         let mut local = None;
@@ -441,14 +416,14 @@ impl Pipeline {
                     "bench",
                     None,
                     watch::channel("bench".to_owned()).1,
-                    deadline.clone(),
+                    run.deadline.clone(),
                 )
                 .await
                 .expect("shared state"),
             );
         } else {
             local = Some(
-                StateStage::start(&state, Some(&events), None, shards, deadline.clone())
+                StateStage::start(&state, Some(&events), None, shards, run.deadline.clone())
                     .expect("state stage"),
             );
         }
@@ -459,21 +434,18 @@ impl Pipeline {
             let (tx, rx) = mpsc::channel(capacity);
             inputs.push(Self::shard_input(shard, tx, capacity));
             workers.push(match (&mut local, &shared) {
-                (Some(stage), _) => {
-                    self.local_worker(stage, shard, rx, &accounting, &completions, &deadline)
-                }
+                (Some(stage), _) => self.local_worker(settings, stage, shard, rx, &run),
                 (None, Some(stage)) => {
                     let evaluator = geogate::geofence::Evaluator::new(self.index.clone(), settings);
                     let sink = BatchSink::Shared(stage.applier(self.index.clone(), settings));
-                    let ctx =
-                        self.worker_context(shard, sink, &accounting, &completions, &deadline);
+                    let ctx = self.worker_context(shard, sink, &run);
                     tokio::spawn(worker(rx, evaluator, ctx))
                 }
                 (None, None) => unreachable!("one stage was started above"),
             });
         }
         let decoded = geogate::pipeline::decode::start(intake, CodecSettings::default());
-        let router = self.router(inputs, &accounting, completions, &deadline);
+        let router = self.router(inputs, &run);
         // Started as `pipeline::run` starts it, on its own thread.
         let routing = Instant::now();
         let _ = router.spawn(decoded).await;
@@ -493,7 +465,33 @@ impl Pipeline {
             route: (finishing - routing).as_secs_f64(),
             finish: finishing.elapsed().as_secs_f64(),
         };
-        (accounting.balance().evaluated, phases)
+        (run.accounting.balance().evaluated, phases)
+    }
+}
+
+/// What every stage of one run reports to: its balance, the channel of
+/// finished tokens (kept open for the run, as the acker would keep it), and
+/// the drain deadline (never set in the bench; its sender kept so that it
+/// stays unset rather than closed).
+struct RunContext {
+    accounting: Arc<Accounting>,
+    completions: Completions,
+    _finished: mpsc::UnboundedReceiver<geogate::source::AckToken>,
+    deadline: watch::Receiver<Option<Instant>>,
+    _deadline_tx: watch::Sender<Option<Instant>>,
+}
+
+impl RunContext {
+    fn new() -> Self {
+        let (completions, finished) = Completions::channel();
+        let (deadline_tx, deadline) = watch::channel(None);
+        Self {
+            accounting: Arc::new(Accounting::default()),
+            completions,
+            _finished: finished,
+            deadline,
+            _deadline_tx: deadline_tx,
+        }
     }
 }
 
