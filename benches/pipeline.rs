@@ -683,12 +683,11 @@ fn pipeline(c: &mut Criterion) {
                     scrape();
                     let intake = Pipeline::intake(&shared, default_lanes);
                     let state = pipeline.state(backend, fsync);
-                    let (cpu0, started) = (process_cpu_seconds(), Instant::now());
-                    phases += runtime
-                        .block_on(pipeline.run_timed(intake, shards, state))
-                        .1;
-                    cpu += process_cpu_seconds() - cpu0;
-                    wall += started.elapsed().as_secs_f64();
+                    let ((_, run_phases), sample) =
+                        timed(|| runtime.block_on(pipeline.run_timed(intake, shards, state)));
+                    phases += run_phases;
+                    cpu += sample.cpu;
+                    wall += sample.wall;
                 }
                 let mean_ms = |s: f64| s * 1e3 / runs as f64;
                 eprintln!(
