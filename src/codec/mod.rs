@@ -1,7 +1,11 @@
 //! Bytes and topic → [`Telemetry`], or a [`DecodeError`] with a bounded
 //! reason.
 //!
-//! Formats, tried in this order on a single parse:
+//! The JSON is read once into typed fields ([`typed`]), which is what
+//! nearly every real payload needs; only a payload that reading refuses is
+//! read again field by field as [`Loose`] values, which is what names a
+//! wrong type or a non-finite number precisely. Formats, told apart on
+//! that one reading:
 //! 1. **native**: `{"vehicle", "ts" (unix ms), "lat", "lon", "speed_kmh"?, "kind"?}`;
 //!    a native fix without `"vehicle"` takes it from the topic
 //!    (`fleet/{vehicle}/telemetry`), and is `missing_field` when the topic
@@ -18,6 +22,7 @@ pub mod dedup;
 pub mod error;
 pub mod loose;
 pub mod topic;
+mod typed;
 
 pub use dedup::Dedup;
 pub use error::{DecodeError, Reason};
@@ -103,6 +108,32 @@ pub fn decode(
     payload: &[u8],
     settings: &CodecSettings,
 ) -> Result<Telemetry, DecodeError> {
+    decode_by(Reading::TypedFirst, topic, payload, settings)
+}
+
+/// [`decode`] through the loose reading alone: the reference the typed
+/// reading is held to (the codec's tests and the `decode` fuzz target).
+pub fn decode_loosely(
+    topic: &str,
+    payload: &[u8],
+    settings: &CodecSettings,
+) -> Result<Telemetry, DecodeError> {
+    decode_by(Reading::LooseOnly, topic, payload, settings)
+}
+
+/// How the payload's JSON is read (see [`typed`]).
+#[derive(Clone, Copy)]
+enum Reading {
+    TypedFirst,
+    LooseOnly,
+}
+
+fn decode_by(
+    reading: Reading,
+    topic: &str,
+    payload: &[u8],
+    settings: &CodecSettings,
+) -> Result<Telemetry, DecodeError> {
     if payload.len() > settings.max_payload_bytes {
         return Err(DecodeError::new(
             Reason::Oversize,
@@ -113,7 +144,14 @@ pub fn decode(
             ),
         ));
     }
-    let mut wire: Wire = serde_json::from_slice(payload).map_err(|e| not_telemetry(payload, e))?;
+    let typed = match reading {
+        Reading::TypedFirst => typed::read(payload),
+        Reading::LooseOnly => None,
+    };
+    let mut wire = match typed {
+        Some(wire) => wire,
+        None => serde_json::from_slice(payload).map_err(|e| not_telemetry(payload, e))?,
+    };
     if wire.vehicle.is_some() {
         let vehicle = vehicle_id(&text(wire.vehicle.take(), "vehicle")?)?;
         native(vehicle, wire, settings)
