@@ -1,14 +1,17 @@
 //! The JSON step of decoding, three ways, on the bundled capture's real
 //! payloads: serde_json (what `codec::decode` uses), sonic-rs and simd-json,
-//! each deserializing the codec's own [`Wire`] shape through serde, split
-//! into native fixes, OwnTracks locations and the payloads the codec
-//! refuses. simd-json parses in place, so its rate includes the copy of
+//! each deserializing the codec's two shapes through serde (the typed one
+//! `codec::decode` reads first, [`Typed`], and the loose one it falls back
+//! to, [`Wire`]), split into native fixes, OwnTracks locations and the
+//! payloads the codec refuses. simd-json parses in place, so its rate includes the copy of
 //! each payload it needs (a received payload is shared and immutable).
 //!
 //! Before timing, every payload's outcome (parsed or refused) must agree
-//! across the three parsers, or the comparison would not be like for like.
+//! across the three parsers of a shape, or the comparison would not be
+//! like for like.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use geogate::codec::typed::Typed;
 use geogate::codec::{CodecSettings, Wire, decode};
 use geogate::replay::capture;
 use std::hint::black_box;
@@ -38,25 +41,52 @@ fn sets() -> Sets {
     sets
 }
 
-fn with_serde_json(payload: &[u8]) -> bool {
+fn loose_serde_json(payload: &[u8]) -> bool {
     serde_json::from_slice::<Wire>(payload).is_ok()
 }
 
-fn with_sonic_rs(payload: &[u8]) -> bool {
+fn loose_sonic_rs(payload: &[u8]) -> bool {
     sonic_rs::from_slice::<Wire>(payload).is_ok()
 }
 
-fn with_simd_json(payload: &[u8]) -> bool {
+fn loose_simd_json(payload: &[u8]) -> bool {
     let mut copy = payload.to_vec();
     simd_json::serde::from_slice::<Wire>(&mut copy).is_ok()
 }
 
+/// As `codec::typed` reads it: one UTF-8 check, then a `str`.
+fn typed_serde_json(payload: &[u8]) -> bool {
+    std::str::from_utf8(payload).is_ok_and(|text| serde_json::from_str::<Typed>(text).is_ok())
+}
+
+fn typed_sonic_rs(payload: &[u8]) -> bool {
+    sonic_rs::from_slice::<Typed>(payload).is_ok()
+}
+
+fn typed_simd_json(payload: &[u8]) -> bool {
+    let mut copy = payload.to_vec();
+    simd_json::serde::from_slice::<Typed>(&mut copy).is_ok()
+}
+
 type Parser = fn(&[u8]) -> bool;
 
-const PARSERS: [(&str, Parser); 3] = [
-    ("serde_json", with_serde_json),
-    ("sonic_rs", with_sonic_rs),
-    ("simd_json", with_simd_json),
+const SHAPES: [(&str, [(&str, Parser); 3]); 2] = [
+    (
+        "typed",
+        [
+            ("serde_json", typed_serde_json),
+            ("sonic_rs", typed_sonic_rs),
+            ("simd_json", typed_simd_json),
+        ],
+    ),
+    (
+        "loose",
+        [
+            ("serde_json", loose_serde_json),
+            ("sonic_rs", loose_sonic_rs),
+            ("simd_json", loose_simd_json),
+        ],
+    ),
 ];
 
 fn json(c: &mut Criterion) {
@@ -72,26 +102,28 @@ fn json(c: &mut Criterion) {
         ("owntracks", &sets.owntracks),
         ("refused", &sets.refused),
     ] {
-        for payload in set {
-            let outcomes: Vec<bool> = PARSERS.iter().map(|(_, parse)| parse(payload)).collect();
-            assert!(
-                outcomes.iter().all(|&o| o == outcomes[0]),
-                "{name}: parsers disagree ({outcomes:?}) on {}",
-                String::from_utf8_lossy(payload)
-            );
+        for (shape, parsers) in SHAPES {
+            for payload in set {
+                let outcomes: Vec<bool> = parsers.iter().map(|(_, parse)| parse(payload)).collect();
+                assert!(
+                    outcomes.iter().all(|&o| o == outcomes[0]),
+                    "{name}, {shape}: parsers disagree ({outcomes:?}) on {}",
+                    String::from_utf8_lossy(payload)
+                );
+            }
+            let mut group = c.benchmark_group(format!("json/{name}/{shape}"));
+            group.throughput(Throughput::Elements(set.len() as u64));
+            for (parser, parse) in parsers {
+                group.bench_function(parser, |b| {
+                    b.iter(|| {
+                        set.iter()
+                            .filter(|p| parse(black_box(p.as_slice())))
+                            .count()
+                    })
+                });
+            }
+            group.finish();
         }
-        let mut group = c.benchmark_group(format!("json/{name}"));
-        group.throughput(Throughput::Elements(set.len() as u64));
-        for (parser, parse) in PARSERS {
-            group.bench_function(parser, |b| {
-                b.iter(|| {
-                    set.iter()
-                        .filter(|p| parse(black_box(p.as_slice())))
-                        .count()
-                })
-            });
-        }
-        group.finish();
     }
 }
 

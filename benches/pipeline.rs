@@ -533,7 +533,10 @@ fn process_cpu_seconds() -> f64 {
     seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }
 
-/// How many payloads decode; what decode-only times.
+/// How many payloads decode; what decode-only times. Never inlined, so
+/// that `benches/decode_instructions.sh` can count what it runs by its
+/// name.
+#[inline(never)]
 fn decode_all(payloads: &[(String, Vec<u8>)], settings: &CodecSettings) -> usize {
     payloads
         .iter()

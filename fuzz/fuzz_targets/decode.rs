@@ -1,8 +1,10 @@
 //! Any topic and payload: decode must return Ok or a reasoned error, never
-//! panic, and an Ok fix must hold in-range, finite coordinates.
+//! panic, and an Ok fix must hold in-range, finite coordinates. The typed
+//! reading decode tries first must give what the loose reading alone
+//! gives, fix or refusal, word for word.
 #![no_main]
 
-use geogate::codec::{CodecSettings, decode};
+use geogate::codec::{CodecSettings, decode, decode_loosely};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -13,7 +15,9 @@ fuzz_target!(|data: &[u8]| {
         None => ("x", data),
     };
     let settings = CodecSettings::default();
-    if let Ok(fix) = decode(topic, payload, &settings) {
+    let decoded = decode(topic, payload, &settings);
+    assert_eq!(decoded, decode_loosely(topic, payload, &settings));
+    if let Ok(fix) = decoded {
         assert!(fix.lat.is_finite() && (-90.0..=90.0).contains(&fix.lat));
         assert!(fix.lon.is_finite() && (-180.0..=180.0).contains(&fix.lon));
         assert!(!fix.vehicle.is_empty());

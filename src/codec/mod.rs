@@ -22,7 +22,7 @@ pub mod dedup;
 pub mod error;
 pub mod loose;
 pub mod topic;
-mod typed;
+pub mod typed;
 
 pub use dedup::Dedup;
 pub use error::{DecodeError, Reason};

@@ -18,8 +18,11 @@ use super::loose::Loose;
 use serde::Deserialize;
 use std::borrow::Cow;
 
+/// Every field either format may carry, each of the one type the common
+/// payload gives it. Public so the JSON benchmark (`benches/json.rs`)
+/// measures each parser on this very shape too.
 #[derive(Deserialize)]
-struct Typed<'a> {
+pub struct Typed<'a> {
     #[serde(borrow)]
     vehicle: Option<&'a str>,
     ts: Option<i64>,
