@@ -1,11 +1,12 @@
 //! Bytes and topic → [`Telemetry`], or a [`DecodeError`] with a bounded
 //! reason.
 //!
-//! The JSON is read once into typed fields ([`typed`]), which is what
-//! nearly every real payload needs; only a payload that reading refuses is
-//! read again field by field as [`Loose`] values, which is what names a
-//! wrong type or a non-finite number precisely. Formats, told apart on
-//! that one reading:
+//! Before any JSON is read, the payload must be UTF-8 and must open an
+//! object. Then it is read into typed fields ([`typed`]), which is all an
+//! ordinary payload needs; a payload that reading refuses is read again
+//! as [`Loose`] values, whose "any value" per field is what lets a wrong
+//! type or a non-finite number be named. Formats, told apart on whichever
+//! reading succeeded:
 //! 1. **native**: `{"vehicle", "ts" (unix ms), "lat", "lon", "speed_kmh"?, "kind"?}`;
 //!    a native fix without `"vehicle"` takes it from the topic
 //!    (`fleet/{vehicle}/telemetry`), and is `missing_field` when the topic
@@ -75,9 +76,9 @@ impl Default for CodecSettings {
     }
 }
 
-/// Every field either format may carry, read in one pass. Public so the
-/// JSON benchmark (`benches/json.rs`) measures each parser on this very
-/// shape.
+/// Every field either format may carry, as the loose reading gives them
+/// (and the typed reading converts to). Public so the JSON benchmark
+/// (`benches/json.rs`) measures each parser on this very shape.
 #[derive(Deserialize, Default)]
 pub struct Wire<'a> {
     #[serde(borrow)]
@@ -111,9 +112,12 @@ pub fn decode(
     decode_by(Reading::TypedFirst, topic, payload, settings)
 }
 
-/// [`decode`] through the loose reading alone: the reference the typed
-/// reading is held to (the codec's tests and the `decode` fuzz target).
-pub fn decode_loosely(
+/// [`decode`] through the loose reading alone. Why it exists: it is what
+/// `decode` gave before the typed reading, and the reference that reading
+/// is checked against (the codec's property test and the `decode` fuzz
+/// target); nothing else should call it.
+#[doc(hidden)]
+pub fn decode_loose_only(
     topic: &str,
     payload: &[u8],
     settings: &CodecSettings,
@@ -121,7 +125,8 @@ pub fn decode_loosely(
     decode_by(Reading::LooseOnly, topic, payload, settings)
 }
 
-/// How the payload's JSON is read (see [`typed`]).
+/// Whether the typed reading is tried first: a switch only so that one
+/// body serves both `decode` and its reference.
 #[derive(Clone, Copy)]
 enum Reading {
     TypedFirst,
@@ -144,13 +149,32 @@ fn decode_by(
             ),
         ));
     }
+    // Checked here, not left to serde_json: it checks the UTF-8 of the
+    // strings it reads, but skips an unknown field's string unchecked.
+    let json = std::str::from_utf8(payload).map_err(|e| {
+        DecodeError::new(
+            Reason::MalformedJson,
+            format!("not UTF-8: invalid byte at offset {}", e.valid_up_to()),
+        )
+    })?;
+    // Both readings derive `Deserialize` for a struct, which serde also
+    // reads from an array of its fields in order: `[...]` of ten values
+    // would decode as a fix.
+    if !json
+        .trim_start_matches([' ', '\t', '\n', '\r'])
+        .starts_with('{')
+    {
+        return Err(not_an_object(json));
+    }
     let typed = match reading {
-        Reading::TypedFirst => typed::read(payload),
+        Reading::TypedFirst => typed::read(json),
         Reading::LooseOnly => None,
     };
     let mut wire = match typed {
         Some(wire) => wire,
-        None => serde_json::from_slice(payload).map_err(|e| not_telemetry(payload, e))?,
+        // An object serde refused: a repeated key, or not JSON after all.
+        None => serde_json::from_str(json)
+            .map_err(|e| DecodeError::new(Reason::MalformedJson, e.to_string()))?,
     };
     if wire.vehicle.is_some() {
         let vehicle = vehicle_id(&text(wire.vehicle.take(), "vehicle")?)?;
@@ -181,20 +205,18 @@ fn decode_by(
     }
 }
 
-/// Why bytes serde could not read as telemetry: not JSON at all, or JSON
-/// that is not an object (valid, so `malformed_json` would send an
-/// operator looking for a syntax error that is not there).
-fn not_telemetry(payload: &[u8], e: serde_json::Error) -> DecodeError {
-    let shape = match serde_json::from_slice::<serde_json::Value>(payload) {
+/// What a payload that does not open an object is: valid JSON of another
+/// kind is `unknown_format`, since `malformed_json` would send an operator
+/// looking for a syntax error that is not there.
+fn not_an_object(text: &str) -> DecodeError {
+    let shape = match serde_json::from_str::<serde_json::Value>(text) {
         Ok(serde_json::Value::Array(_)) => "an array",
         Ok(serde_json::Value::String(_)) => "a string",
         Ok(serde_json::Value::Number(_)) => "a number",
         Ok(serde_json::Value::Bool(_)) => "a boolean",
         Ok(serde_json::Value::Null) => "null",
-        // An object serde refused (a repeated key), or not JSON at all.
-        Ok(serde_json::Value::Object(_)) | Err(_) => {
-            return DecodeError::new(Reason::MalformedJson, e.to_string());
-        }
+        Ok(serde_json::Value::Object(_)) => "an object",
+        Err(e) => return DecodeError::new(Reason::MalformedJson, e.to_string()),
     };
     DecodeError::new(
         Reason::UnknownFormat,

@@ -1,26 +1,35 @@
-//! The common payload read straight into typed fields: every field a
-//! string without escapes, an integer or a number, or absent or `null`.
+//! The ordinary payload read straight into typed fields: every field a
+//! string without escapes, an integer (the fix times) or a number, or
+//! absent or `null`.
 //!
 //! Why a second reading: [`Loose`] asks serde_json for "any value" at every
-//! field, so that a wrong type can be named rather than refused; paying
-//! that dispatch on every message cost 14% of a decode's instructions
-//! (BENCHMARKS.md, "Instructions per message"). Here serde_json is told
-//! each field's type instead. A payload this reading refuses for any
-//! reason (bad JSON, a wrong type, an escaped string, a repeated key) is
-//! read again through [`Loose`], so every refusal keeps the reason and
-//! detail the loose reading gives it. What this reading accepts becomes
-//! the same [`Wire`] the loose reading would have built, so the checks
-//! after it are shared: `codec`'s tests and the `decode` fuzz target hold
-//! the two readings to the same result on any input.
+//! field, so that a wrong type can be named rather than refused, and that
+//! dispatch on every message made a decode 1.35× (native) and 1.54×
+//! (OwnTracks) slower (BENCHMARKS.md, "A typed reading of the JSON
+//! first"). Here serde_json is told each field's type instead. A payload
+//! this reading refuses for any reason (bad JSON, a wrong type, an escaped
+//! string, a repeated key) is read again through [`Loose`], so every
+//! refusal keeps the reason and detail the loose reading gives it.
+//!
+//! Why what it accepts matches the loose reading: both derive from the
+//! same field names over the same parser, so they skip unknown fields,
+//! refuse repeats and end the input alike; a field absent or `null` is
+//! `None` in both; an unescaped string is borrowed by both; an `i64` is
+//! accepted only from the integers the loose reading keeps as
+//! `Loose::Int` (serde_json hands `-0`, fractions, exponents and integers
+//! past `u64` over as floats, and `i64` refuses those and anything past
+//! `i64::MAX`); and an `f64` from an integer is `v as f64`, which is what
+//! the codec makes of a `Loose::Int`. `decode_loose_only` is the
+//! reference: `tests/codec.rs` and the `decode` fuzz target check the two
+//! against each other.
 
 use super::Wire;
 use super::loose::Loose;
 use serde::Deserialize;
 use std::borrow::Cow;
 
-/// Every field either format may carry, each of the one type the common
-/// payload gives it. Public so the JSON benchmark (`benches/json.rs`)
-/// measures each parser on this very shape too.
+/// Every field either format may carry, each of the one type an ordinary
+/// payload gives it; public for the same reason as [`Wire`].
 #[derive(Deserialize)]
 pub struct Typed<'a> {
     #[serde(borrow)]
@@ -40,25 +49,24 @@ pub struct Typed<'a> {
 }
 
 /// The payload as [`Wire`], or `None` when only the loose reading can say
-/// what it is. Valid UTF-8 is checked once for the whole payload, not per
-/// string as a byte reader must.
-pub(super) fn read(payload: &[u8]) -> Option<Wire<'_>> {
-    let utf8 = std::str::from_utf8(payload).ok()?;
-    let typed: Typed = serde_json::from_str(utf8).ok()?;
+/// what it is. Public so the codec's tests can tell that this reading,
+/// not only the fallback, is what their payloads exercise.
+pub fn read(text: &str) -> Option<Wire<'_>> {
+    let typed: Typed = serde_json::from_str(text).ok()?;
     Some(Wire {
-        vehicle: string(typed.vehicle),
+        vehicle: borrowed_str(typed.vehicle),
         ts: typed.ts.map(Loose::Int),
         lat: typed.lat.map(Loose::Float),
         lon: typed.lon.map(Loose::Float),
         speed_kmh: typed.speed_kmh.map(Loose::Float),
-        kind: string(typed.kind),
-        owntracks_type: string(typed.owntracks_type),
+        kind: borrowed_str(typed.kind),
+        owntracks_type: borrowed_str(typed.owntracks_type),
         tst: typed.tst.map(Loose::Int),
         vel: typed.vel.map(Loose::Float),
-        t: string(typed.t),
+        t: borrowed_str(typed.t),
     })
 }
 
-fn string(value: Option<&str>) -> Option<Loose<'_>> {
+fn borrowed_str(value: Option<&str>) -> Option<Loose<'_>> {
     value.map(|s| Loose::Str(Cow::Borrowed(s)))
 }
