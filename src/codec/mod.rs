@@ -215,6 +215,7 @@ fn not_an_object(text: &str) -> DecodeError {
         Ok(serde_json::Value::Number(_)) => "a number",
         Ok(serde_json::Value::Bool(_)) => "a boolean",
         Ok(serde_json::Value::Null) => "null",
+        // Not reached (the caller found no `{`), but named all the same.
         Ok(serde_json::Value::Object(_)) => "an object",
         Err(e) => return DecodeError::new(Reason::MalformedJson, e.to_string()),
     };
