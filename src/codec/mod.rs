@@ -112,9 +112,9 @@ pub fn decode(
     decode_by(Reading::TypedFirst, topic, payload, settings)
 }
 
-/// [`decode`] through the loose reading alone. Why it exists: it is what
-/// `decode` gave before the typed reading, and the reference that reading
-/// is checked against (the codec's property test and the `decode` fuzz
+/// [`decode`] through the loose reading alone, after the same UTF-8 and
+/// object checks. Why it exists: it is the reference the typed reading is
+/// checked against (the codec's property test and the `decode` fuzz
 /// target); nothing else should call it.
 #[doc(hidden)]
 pub fn decode_loose_only(
