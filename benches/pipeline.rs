@@ -20,7 +20,7 @@ use geogate::clock::MonotonicClock;
 use geogate::codec::{CodecSettings, Dedup, decode};
 use geogate::config::{FsyncPolicy, PipelineConfig, StateBackend, StateConfig};
 use geogate::geofence::{EvaluatorSettings, FenceIndex, load_fences};
-use geogate::pipeline::accounting::Accounting;
+use geogate::pipeline::accounting::{Accounting, Balance};
 #[cfg(target_os = "linux")]
 use geogate::pipeline::decode::Decoded;
 use geogate::pipeline::shard::worker::BatchSink;
@@ -137,10 +137,23 @@ impl Pipeline {
     }
 
     /// A shard's input as the bench builds it: the default watermark and a
-    /// gate that admits everything this capture sends.
-    fn shard_input(shard: usize, tx: mpsc::Sender<Admitted>, capacity: usize) -> ShardInput {
-        let gate: GateSpec = "token:rate=1000000,burst=100000".parse().expect("gate");
-        let watermark = PipelineConfig::default().watermark;
+    /// gate that admits everything this capture sends, or, for
+    /// [`Gating::ShedIdle`], a watermark at one queued event and a gate of
+    /// one event a second, so nearly every idle ping is shed.
+    fn shard_input(
+        shard: usize,
+        tx: mpsc::Sender<Admitted>,
+        capacity: usize,
+        gating: Gating,
+    ) -> ShardInput {
+        let (watermark, gate) = match gating {
+            Gating::AdmitAll => (
+                PipelineConfig::default().watermark,
+                "token:rate=1000000,burst=100000",
+            ),
+            Gating::ShedIdle => (f64::MIN_POSITIVE, "token:rate=1,burst=1"),
+        };
+        let gate: GateSpec = gate.parse().expect("gate");
         ShardInput::new(
             shard,
             tx,
@@ -190,6 +203,7 @@ impl Pipeline {
             accounting: run.accounting.clone(),
             clock: MonotonicClock::new(),
             deadline: run.deadline.clone(),
+            refused: Vec::new(),
         }
     }
 
@@ -343,7 +357,7 @@ impl Pipeline {
         let (inputs, queues) = (0..shards)
             .map(|shard| {
                 let (tx, rx) = mpsc::channel(capacity);
-                (Self::shard_input(shard, tx, capacity), rx)
+                (Self::shard_input(shard, tx, capacity, Gating::AdmitAll), rx)
             })
             .unzip();
         runtime.block_on(self.router(inputs, run).run(decoded));
@@ -391,7 +405,10 @@ impl Pipeline {
         shards: usize,
         state: StateConfig,
     ) -> u64 {
-        self.run_timed(intake, shards, state).await.0
+        self.run_timed(intake, shards, state, Gating::AdmitAll)
+            .await
+            .0
+            .evaluated
     }
 
     /// [`Self::run`], and where its time went.
@@ -400,7 +417,8 @@ impl Pipeline {
         intake: Vec<mpsc::Receiver<Envelope>>,
         shards: usize,
         state: StateConfig,
-    ) -> (u64, Phases) {
+        gating: Gating,
+    ) -> (Balance, Phases) {
         let started = Instant::now();
         let run = RunContext::new();
         let events = self.events_path();
@@ -432,7 +450,7 @@ impl Pipeline {
         let mut workers = Vec::new();
         for shard in 0..shards {
             let (tx, rx) = mpsc::channel(capacity);
-            inputs.push(Self::shard_input(shard, tx, capacity));
+            inputs.push(Self::shard_input(shard, tx, capacity, gating));
             workers.push(match (&mut local, &shared) {
                 (Some(stage), _) => self.local_worker(settings, stage, shard, rx, &run),
                 (None, Some(stage)) => {
@@ -465,8 +483,18 @@ impl Pipeline {
             route: (finishing - routing).as_secs_f64(),
             finish: finishing.elapsed().as_secs_f64(),
         };
-        (run.accounting.balance().evaluated, phases)
+        (run.accounting.balance(), phases)
     }
+}
+
+/// How the shards admit: what the live default would with this capture (a
+/// gate that never sheds it), or shedding nearly every idle ping, as a gate
+/// does in a shift-change burst; then every shed message costs a
+/// dead-letter record.
+#[derive(Clone, Copy)]
+enum Gating {
+    AdmitAll,
+    ShedIdle,
 }
 
 /// What every stage of one run reports to: its balance, the channel of
@@ -629,6 +657,33 @@ fn pipeline(c: &mut Criterion) {
     // Decode lanes: the pipeline's default (cores − 1: 1 on this 2-core
     // machine) for every variant, and 2 and 4 beside it.
     let default_lanes = PipelineConfig::default().decode_lane_count();
+    // A gate shedding nearly every idle ping: what each refusal costs.
+    let shed = runtime.block_on(pipeline.run_timed(
+        Pipeline::intake(&shared, default_lanes),
+        2,
+        pipeline.state(StateBackend::Memory, FsyncPolicy::Flush),
+        Gating::ShedIdle,
+    ));
+    eprintln!("pipeline_shedding/2: {}", shed.0.line());
+    group.bench_with_input(
+        BenchmarkId::new("pipeline_shedding", 2),
+        &2,
+        |b, &shards| {
+            b.iter_batched(
+                || {
+                    scrape();
+                    (
+                        Pipeline::intake(&shared, default_lanes),
+                        pipeline.state(StateBackend::Memory, FsyncPolicy::Flush),
+                    )
+                },
+                |(intake, state)| {
+                    runtime.block_on(pipeline.run_timed(intake, shards, state, Gating::ShedIdle))
+                },
+                BatchSize::PerIteration,
+            )
+        },
+    );
     for lanes in [2, 4] {
         group.bench_with_input(
             BenchmarkId::new("pipeline_memory_2_shards_lanes", lanes),
@@ -671,7 +726,7 @@ fn pipeline(c: &mut Criterion) {
                 },
             );
             #[cfg(target_os = "linux")]
-            if backend != StateBackend::Redis {
+            if backend != StateBackend::Redis && std::env::var_os("GEOGATE_NO_DIAG").is_none() {
                 // Where the rate goes on this machine: the CPU each message
                 // costs (every message of the capture, as the rate counts
                 // them), how much of the machine the stages keep busy
@@ -686,8 +741,14 @@ fn pipeline(c: &mut Criterion) {
                     scrape();
                     let intake = Pipeline::intake(&shared, default_lanes);
                     let state = pipeline.state(backend, fsync);
-                    let ((_, run_phases), sample) =
-                        timed(|| runtime.block_on(pipeline.run_timed(intake, shards, state)));
+                    let ((_, run_phases), sample) = timed(|| {
+                        runtime.block_on(pipeline.run_timed(
+                            intake,
+                            shards,
+                            state,
+                            Gating::AdmitAll,
+                        ))
+                    });
                     phases += run_phases;
                     cpu += sample.cpu;
                     wall += sample.wall;

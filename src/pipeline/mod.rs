@@ -343,6 +343,7 @@ pub async fn run(
         accounting: accounting.clone(),
         clock,
         deadline: deadline_rx.clone(),
+        refused: Vec::new(),
     };
     let decoded = decode::start(intake_lanes, config.codec.clone());
     let router = router.spawn(decoded);

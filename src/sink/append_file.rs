@@ -56,6 +56,11 @@ impl AppendFile {
         !self.unwritten.is_empty()
     }
 
+    /// Bytes accepted and not yet written.
+    pub fn unwritten_len(&self) -> u64 {
+        self.unwritten.len() as u64
+    }
+
     /// Queues `bytes` behind anything still unwritten.
     pub fn queue(&mut self, bytes: &[u8]) {
         self.unwritten.extend_from_slice(bytes);

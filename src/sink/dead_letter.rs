@@ -81,17 +81,18 @@ pub struct DeadLetterSink {
     health: std::sync::Arc<SinkHealth>,
     rotate_bytes: u64,
     fsync: FsyncPolicy,
-    /// The record being written, until it is queued behind a successful
-    /// rotation check (a failed rotation keeps it here for the retry).
-    pending: Option<Vec<u8>>,
+    /// Records queued by [`Self::queue`], each a whole line, until they
+    /// are placed behind a successful rotation check (a failed rotation
+    /// keeps the rest here for the next [`Self::flush`]).
+    queued: Vec<Vec<u8>>,
     /// Rotated files kept.
     keep: u32,
     /// Records deleted by rotation so far.
     deleted: u64,
-    /// The last record, written but not yet synced as the policy asks.
+    /// Records written but not yet synced as the policy asks (`always`).
     /// After a failed fsync the descriptor is dropped and its dirty pages
-    /// may be gone, so the record is written again before the next fsync.
-    unsynced: Option<Vec<u8>>,
+    /// may be gone, so these are written again before the next fsync.
+    unsynced: Vec<u8>,
 }
 
 impl DeadLetterSink {
@@ -125,8 +126,8 @@ impl DeadLetterSink {
             file,
             rotate_bytes,
             fsync,
-            pending: None,
-            unsynced: None,
+            queued: Vec::new(),
+            unsynced: Vec::new(),
             keep: 1,
             deleted: 0,
         };
@@ -152,44 +153,81 @@ impl DeadLetterSink {
         self.health.clone()
     }
 
-    /// Appends one record durably (per the fsync policy) before returning.
-    /// On error the record stays with the sink: [`Self::retry`] finishes
-    /// it, exactly once.
+    /// Appends one record durably (per the fsync policy) before returning:
+    /// [`Self::queue`], then [`Self::flush`].
     pub fn write(&mut self, record: &DeadLetter) -> io::Result<()> {
+        self.queue(record)?;
+        self.flush()
+    }
+
+    /// Queues one record for the next [`Self::flush`]; nothing reaches the
+    /// file before it. Why queue: the router refuses whole runs of
+    /// messages in a burst (a gate shedding above the watermark, a
+    /// publisher sending garbage), and a write call per record, or an
+    /// fsync per record with `fsync = "always"`, made each refusal cost
+    /// more than an admitted event (benches/pipeline.rs, `pipeline_shedding`).
+    pub fn queue(&mut self, record: &DeadLetter) -> io::Result<()> {
         let mut line = Vec::with_capacity(512);
         serde_json::to_writer(&mut line, record)?;
         line.push(b'\n');
-        self.pending = Some(line);
-        self.retry()
+        self.queued.push(line);
+        Ok(())
     }
 
-    /// Finishes what an earlier [`Self::write`] could not.
-    pub fn retry(&mut self) -> io::Result<()> {
-        if let Some(len) = self.pending.as_ref().map(Vec::len) {
-            if !self.file.is_empty()
-                && !self.file.has_unwritten()
-                && self.file.len() + len as u64 > self.rotate_bytes
-            {
-                self.make_room_for_rotation()?;
-                self.file.rotate(&rotated_path(self.file.path(), 1))?;
-            }
-            if let Some(line) = self.pending.take() {
-                self.file.queue(&line);
-                self.unsynced = Some(line);
-            }
-        }
-        // One write call per record: a crash tears at most this line.
+    /// Whether records are queued or still unwritten after a failure.
+    pub fn has_unflushed(&self) -> bool {
+        !self.queued.is_empty() || self.file.has_unwritten() || !self.unsynced.is_empty()
+    }
+
+    /// Writes everything queued durably (per the fsync policy), in one
+    /// write call and at most one fsync unless a rotation falls between.
+    /// On error nothing is lost or doubled: what was not written stays
+    /// with the sink, and the next call finishes it. A crash part-way
+    /// tears at most the last line written, which [`Self::open`] reports.
+    pub fn flush(&mut self) -> io::Result<()> {
+        let mut placed = 0;
+        let result = self.place_queued(&mut placed);
+        self.queued.drain(..placed);
+        result?;
         self.file.write_unwritten()?;
-        if let Some(line) = &self.unsynced
-            && self.fsync == FsyncPolicy::Always
-            && let Err(e) = self.file.sync_data()
-        {
+        self.sync_unsynced()
+    }
+
+    /// Moves queued lines into the file's buffer, rotating first wherever
+    /// the next line would take the file past `rotate_bytes`; `placed`
+    /// counts the lines moved, so a failure keeps the rest queued.
+    fn place_queued(&mut self, placed: &mut usize) -> io::Result<()> {
+        while let Some(len) = self.queued.get(*placed).map(Vec::len) {
+            let buffered = self.file.len() + self.file.unwritten_len();
+            if buffered > 0 && buffered + len as u64 > self.rotate_bytes {
+                // What is already buffered belongs to the current file.
+                self.file.write_unwritten()?;
+                self.make_room_for_rotation()?;
+                // Rotation syncs the file it moves away.
+                self.file.rotate(&rotated_path(self.file.path(), 1))?;
+                self.unsynced.clear();
+            }
+            let line = &self.queued[*placed];
+            self.file.queue(line);
+            if self.fsync == FsyncPolicy::Always {
+                self.unsynced.extend_from_slice(line);
+            }
+            *placed += 1;
+        }
+        Ok(())
+    }
+
+    fn sync_unsynced(&mut self) -> io::Result<()> {
+        if self.unsynced.is_empty() {
+            return Ok(());
+        }
+        if let Err(e) = self.file.sync_data() {
             // Written is not durable: write it again, then sync again (a
             // copy may survive twice; a record is never acked unsynced).
-            self.file.queue(line);
+            self.file.queue(&self.unsynced);
             return Err(e);
         }
-        self.unsynced = None;
+        self.unsynced.clear();
         Ok(())
     }
 
@@ -199,10 +237,9 @@ impl DeadLetterSink {
     fn make_room_for_rotation(&mut self) -> io::Result<()> {
         let base = self.file.path().to_owned();
         let oldest = rotated_path(&base, self.keep);
-        match std::fs::read(&oldest) {
-            Ok(bytes) => {
+        match count_records(&oldest) {
+            Ok(records) => {
                 std::fs::remove_file(&oldest)?;
-                let records = bytes.iter().filter(|&&b| b == b'\n').count() as u64;
                 self.deleted += records;
                 metrics::counter!("geogate_dead_letter_records_deleted_total").increment(records);
             }
@@ -220,14 +257,33 @@ impl DeadLetterSink {
 
     /// Forgets a record shutdown gave up on (its message stays unacked).
     pub fn discard_unwritten(&mut self) {
-        self.pending = None;
+        self.queued.clear();
         self.file.discard_unwritten();
-        self.unsynced = None;
+        self.unsynced.clear();
     }
 
     /// Flushes to stable storage (shutdown).
     pub fn sync(&mut self) -> io::Result<()> {
         self.file.sync_data()
+    }
+}
+
+/// Lines in the file at `path`, read in small pieces. Why not read it
+/// whole: at the default `rotate_bytes` that was a 64 MiB buffer, freshly
+/// faulted in (and zeroed) on the router's thread at every rotation; in a
+/// shedding burst that was most of the router's time (benches/pipeline.rs,
+/// `pipeline_shedding`).
+fn count_records(path: &Path) -> io::Result<u64> {
+    let mut file = File::open(path)?;
+    let mut buffer = vec![0u8; 64 * 1024];
+    let mut lines = 0u64;
+    loop {
+        match file.read(&mut buffer) {
+            Ok(0) => return Ok(lines),
+            Ok(n) => lines += buffer[..n].iter().filter(|&&b| b == b'\n').count() as u64,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -334,38 +390,77 @@ mod tests {
 
     #[test]
     fn rotation_keeps_rotate_keep_files_and_counts_what_it_deletes() {
+        // Written one by one, and queued in batches of 37 (rotations then
+        // fall inside a batch).
+        for batch in [1, 37] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("dl.ndjson");
+            let (sink, _) = DeadLetterSink::open(&path, 4096, FsyncPolicy::Always).unwrap();
+            let mut sink = sink.keeping(2);
+            // About 70 records a file: five rotations, three files deleted.
+            for i in 0..400 {
+                sink.queue(&DeadLetter::new(
+                    i,
+                    "t",
+                    "shed",
+                    "gate".into(),
+                    b"{\"vehicle\":\"v\"}",
+                ))
+                .unwrap();
+                if (i + 1) % batch == 0 {
+                    sink.flush().unwrap();
+                }
+            }
+            sink.flush().unwrap();
+            assert!(!sink.has_unflushed());
+            let read = |p: &Path| read_records(p).unwrap().0;
+            let (newest, one, two) = (
+                read(&path),
+                read(&rotated_path(&path, 1)),
+                read(&rotated_path(&path, 2)),
+            );
+            assert!(!rotated_path(&path, 3).exists(), "only rotate_keep files");
+            for file in [path.clone(), rotated_path(&path, 1), rotated_path(&path, 2)] {
+                assert!(
+                    std::fs::metadata(&file).unwrap().len() <= 4096,
+                    "batch {batch}"
+                );
+            }
+            let kept: Vec<i64> = [&two, &one, &newest]
+                .iter()
+                .flat_map(|f| f.iter().map(|r| r.received_ms))
+                .collect();
+            // Contiguous and ending at the last record; all the older ones
+            // are exactly the ones counted as deleted.
+            assert_eq!(kept.last(), Some(&399), "batch {batch}");
+            assert!(kept.windows(2).all(|w| w[1] == w[0] + 1), "contiguous");
+            assert_eq!(sink.deleted_records(), kept[0] as u64, "batch {batch}");
+            assert!(sink.deleted_records() > 0, "rotation deleted something");
+        }
+    }
+
+    #[test]
+    fn queued_records_reach_the_file_only_when_flushed_and_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("dl.ndjson");
-        let (sink, _) = DeadLetterSink::open(&path, 4096, FsyncPolicy::Flush).unwrap();
-        let mut sink = sink.keeping(2);
-        // About 70 records a file: five rotations, three files deleted.
-        for i in 0..400 {
-            sink.write(&DeadLetter::new(
-                i,
-                "t",
-                "shed",
-                "gate".into(),
-                b"{\"vehicle\":\"v\"}",
-            ))
-            .unwrap();
+        let (mut sink, _) = DeadLetterSink::open(&path, 1 << 20, FsyncPolicy::Flush).unwrap();
+        for i in 0..5 {
+            sink.queue(&DeadLetter::new(i, "t", "shed", "gate".into(), b"x"))
+                .unwrap();
         }
-        let read = |p: &Path| read_records(p).unwrap().0;
-        let (newest, one, two) = (
-            read(&path),
-            read(&rotated_path(&path, 1)),
-            read(&rotated_path(&path, 2)),
+        assert!(sink.has_unflushed());
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            0,
+            "nothing before the flush"
         );
-        assert!(!rotated_path(&path, 3).exists(), "only rotate_keep files");
-        assert!(std::fs::metadata(&path).unwrap().len() <= 4096);
-        let kept: Vec<i64> = [&two, &one, &newest]
-            .iter()
-            .flat_map(|f| f.iter().map(|r| r.received_ms))
-            .collect();
-        // Contiguous and ending at the last record; all the older ones
-        // are exactly the ones counted as deleted.
-        assert_eq!(kept.last(), Some(&399));
-        assert!(kept.windows(2).all(|w| w[1] == w[0] + 1), "contiguous");
-        assert_eq!(sink.deleted_records(), kept[0] as u64);
-        assert!(sink.deleted_records() > 0, "rotation deleted something");
+        sink.flush().unwrap();
+        assert!(!sink.has_unflushed());
+        let (records, bad) = read_records(&path).unwrap();
+        assert!(bad.is_empty());
+        assert_eq!(
+            records.iter().map(|r| r.received_ms).collect::<Vec<_>>(),
+            [0, 1, 2, 3, 4]
+        );
     }
 }

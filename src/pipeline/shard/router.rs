@@ -43,6 +43,17 @@ pub struct Router<C: Clock> {
     /// Shutdown's drain deadline: past it, a dead letter that still cannot
     /// be written is given up on and its message left unacked.
     pub deadline: watch::Receiver<Option<Instant>>,
+    /// Refusals whose records wait in the dead letter's queue, in order.
+    pub refused: Vec<Refused>,
+}
+
+/// A refused message, finished once its dead-letter record is written.
+pub struct Refused {
+    refusal: Refusal,
+    reason: &'static str,
+    token: Option<AckToken>,
+    /// The record for the MQTT mirror, when there is one.
+    mirrored: Option<Vec<u8>>,
 }
 
 /// What a refusal counts as, once its record is written.
@@ -111,14 +122,20 @@ impl<C: Clock> Router<C> {
         self.dead_letter
     }
 
+    /// Hands every shard's burst to its worker, then finishes the
+    /// refusals waiting on the dead letter.
     pub(crate) async fn flush(&mut self) {
         for shard in &mut self.shards {
             shard.flush().await;
         }
+        self.finish_refusals().await;
     }
 
-    /// `reason` is the record's reason as a static label, so the metric
-    /// costs no allocation per refusal.
+    /// Queues a refusal's record in the dead letter; the message is
+    /// finished (counted, mirrored, acked) by [`Self::finish_refusals`]
+    /// once the record is written, at the next flush. `reason` is the
+    /// record's reason as a static label, so the metric costs no
+    /// allocation per refusal.
     async fn refuse(
         &mut self,
         refusal: Refusal,
@@ -126,22 +143,61 @@ impl<C: Clock> Router<C> {
         record: DeadLetter,
         token: Option<AckToken>,
     ) {
-        if let Err(first) = self.dead_letter.write(&record) {
-            // Admitted events waiting for a burst go to their workers now,
-            // not after the outage.
-            self.flush().await;
+        let mirrored = self
+            .mirror
+            .as_ref()
+            .and_then(|_| serde_json::to_vec(&record).ok());
+        if let Err(e) = self.dead_letter.queue(&record) {
+            // Not expected (a record is plain strings and numbers). Never
+            // finished without its record: left unacked, so redelivered.
+            tracing::error!("dead-letter record not serialised, message left unacked: {e}");
+            self.accounting.abandoned();
+            return;
+        }
+        self.refused.push(Refused {
+            refusal,
+            reason,
+            token,
+            mirrored,
+        });
+    }
+
+    /// Writes the queued dead-letter records in one go, then finishes
+    /// their messages. A dead letter that cannot be written is retried
+    /// with backoff while those messages stay unacked.
+    async fn finish_refusals(&mut self) {
+        if self.refused.is_empty() && !self.dead_letter.has_unflushed() {
+            return;
+        }
+        if let Err(first) = self.dead_letter.flush() {
             let health = self.dead_letter.health();
             let dead_letter = &mut self.dead_letter;
             let written =
-                retry_until(&health, &mut self.deadline, first, || dead_letter.retry()).await;
+                retry_until(&health, &mut self.deadline, first, || dead_letter.flush()).await;
             if !written {
                 // Shutdown came first: not written, so not finished; the
-                // broker redelivers it after the restart.
+                // broker redelivers them after the restart.
                 self.dead_letter.discard_unwritten();
-                self.accounting.abandoned();
+                for _ in self.refused.drain(..) {
+                    self.accounting.abandoned();
+                }
                 return;
             }
         }
+        let mut refused = std::mem::take(&mut self.refused);
+        for r in refused.drain(..) {
+            self.finish_refused(r).await;
+        }
+        self.refused = refused;
+    }
+
+    async fn finish_refused(&mut self, refused: Refused) {
+        let Refused {
+            refusal,
+            reason,
+            token,
+            mirrored,
+        } = refused;
         match refusal {
             Refusal::Invalid(reason) => {
                 self.accounting.invalid(reason);
@@ -158,9 +214,7 @@ impl<C: Clock> Router<C> {
             }
         }
         metrics::counter!("geogate_dead_letter_written_total", "reason" => reason).increment(1);
-        if let Some(m) = &self.mirror
-            && let Ok(body) = serde_json::to_vec(&record)
-        {
+        if let (Some(m), Some(body)) = (&self.mirror, mirrored) {
             let _ = m
                 .client
                 .publish(m.topic.clone(), QoS::AtLeastOnce, false, body)
@@ -246,13 +300,19 @@ impl<C: Clock> Router<C> {
         let gate_time = || read_at.unwrap_or_else(|| clock.now());
         let cause = match verdict {
             Verdict::Enqueue => {
-                if shard.is_full() {
+                let full = shard.is_full();
+                if full {
                     shard.backpressure.increment(1);
                 }
                 self.accounting.admitted();
                 shard.admitted[fix.priority as usize].increment(1);
+                if full {
+                    // Refusals queued before this event are not held up
+                    // by the wait for room.
+                    self.finish_refusals().await;
+                }
                 // Backpressure: awaiting room stalls intake, never sheds.
-                shard.enqueue(admitted).await;
+                self.shards[shard_index].enqueue(admitted).await;
                 return Some(verdict);
             }
             Verdict::Release { at } => {
@@ -388,6 +448,7 @@ mod tests {
             accounting: Arc::new(Accounting::default()),
             clock: clock.clone(),
             deadline,
+            refused: Vec::new(),
         };
         if records.len() != steps.len() {
             return Err(format!("{} records, {} steps", records.len(), steps.len()));
