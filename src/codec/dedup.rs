@@ -15,9 +15,9 @@ use std::hash::BuildHasher;
 ///
 /// Two keys are one when the fix times are equal and both hashes agree: a
 /// foldhash of (vehicle, fix time) under a per-process random seed, and the
-/// vehicle's routing SipHash ([`VehicleHash`]). For two real vehicles that
+/// vehicle's routing hash ([`VehicleHash`]). For two real vehicles that
 /// is a collision of two 64-bit hashes at once. Neither resists inputs
-/// chosen to collide (foldhash says so; SipHash's keys are fixed), but a
+/// chosen to collide (foldhash says so; the routing hash is unkeyed), but a
 /// client that can publish can forge fixes outright. A false duplicate is
 /// dead-lettered, not evaluated: its transitions would come only from
 /// replaying the dead letter.
