@@ -72,12 +72,25 @@ pub struct CommitRequest {
     pub finished: Finished,
 }
 
+/// One finished message in this many has its end-to-end latency recorded
+/// in `geogate_end_to_end_latency_seconds`. Why not every one: a sample
+/// costs a clock read, atomic operations and a memory fence in the
+/// exporter, then its share of the next scrape's drain (callgrind: about
+/// 190 instructions per message to record, against about 3,000 for every
+/// other stage after decoding together). Quantiles need a fair sample, not
+/// every message; a fixed stride over each shard's messages in finishing
+/// order is one. Seven, not eight: batches are multiples of 8 (see the
+/// worker's `TIMED_EVERY`).
+pub const LATENCY_EVERY: u64 = 7;
+
 /// Counts for one shard, kept as metric handles (no lookups per batch).
 pub struct ShardCounters {
     evaluated: metrics::Counter,
     out_of_order: metrics::Counter,
     duplicates: metrics::Counter,
     latency: metrics::Histogram,
+    /// Messages finished so far, for the latency stride.
+    latency_seen: AtomicU64,
     accounting: Arc<Accounting>,
     completions: Completions,
 }
@@ -89,6 +102,7 @@ impl ShardCounters {
             out_of_order: metrics::counter!("geogate_fixes_out_of_order_total"),
             duplicates: metrics::counter!("geogate_duplicates_ignored_total", "by" => "state"),
             latency: metrics::histogram!("geogate_end_to_end_latency_seconds"),
+            latency_seen: AtomicU64::new(0),
             accounting,
             completions,
         }
@@ -134,9 +148,14 @@ impl Finished {
         }
         // One clock read for the batch: its messages finish together.
         let now = Instant::now();
-        for (token, received_at) in self.messages {
-            c.latency
-                .record(now.saturating_duration_since(received_at).as_secs_f64());
+        let first = c
+            .latency_seen
+            .fetch_add(self.messages.len() as u64, Relaxed);
+        for (i, (token, received_at)) in self.messages.into_iter().enumerate() {
+            if (first + i as u64).is_multiple_of(LATENCY_EVERY) {
+                c.latency
+                    .record(now.saturating_duration_since(received_at).as_secs_f64());
+            }
             c.completions.done(token);
         }
     }
