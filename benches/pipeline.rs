@@ -24,7 +24,9 @@ use geogate::pipeline::accounting::{Accounting, Balance};
 #[cfg(target_os = "linux")]
 use geogate::pipeline::decode::Decoded;
 use geogate::pipeline::shard::worker::BatchSink;
-use geogate::pipeline::shard::{Admitted, Router, ShardInput, WorkerContext, worker};
+use geogate::pipeline::shard::{
+    Admitted, RefusalCounters, Router, ShardInput, WorkerContext, worker,
+};
 use geogate::replay::capture;
 use geogate::sink::dead_letter::DeadLetterSink;
 use geogate::source::intake::Intake;
@@ -204,6 +206,7 @@ impl Pipeline {
             clock: MonotonicClock::new(),
             deadline: run.deadline.clone(),
             refused: Vec::new(),
+            counters: RefusalCounters::new(),
         }
     }
 

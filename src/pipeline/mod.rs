@@ -34,7 +34,7 @@ use accounting::{Accounting, Balance};
 use rumqttc::AsyncClient;
 use shard::input::shaper_lane;
 use shard::worker::BatchSink;
-use shard::{DeadLetterMirror, Router, ShardInput, WorkerContext};
+use shard::{DeadLetterMirror, RefusalCounters, Router, ShardInput, WorkerContext};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -344,6 +344,7 @@ pub async fn run(
         clock,
         deadline: deadline_rx.clone(),
         refused: Vec::new(),
+        counters: RefusalCounters::new(),
     };
     let decoded = decode::start(intake_lanes, config.codec.clone());
     let router = router.spawn(decoded);

@@ -11,7 +11,7 @@ pub mod router;
 pub mod worker;
 
 pub use input::ShardInput;
-pub use router::{DeadLetterMirror, Router};
+pub use router::{DeadLetterMirror, RefusalCounters, Router};
 pub use worker::{WorkerContext, worker};
 
 use crate::model::VehicleId;

@@ -45,12 +45,50 @@ pub struct Router<C: Clock> {
     pub deadline: watch::Receiver<Option<Instant>>,
     /// Refusals whose records wait in the dead letter's queue, in order.
     pub refused: Vec<Refused>,
+    pub counters: RefusalCounters,
+}
+
+/// The refusal metrics' handles, looked up once. Why: a `counter!` with a
+/// label is a registry lookup (a hash of the name and labels, and a read
+/// lock) on every refusal, and refusals come by the thousand exactly when a
+/// gate sheds a burst.
+pub struct RefusalCounters {
+    /// `geogate_events_invalid_total{reason}`, by [`Reason`] as an index.
+    invalid: [metrics::Counter; Reason::ALL.len()],
+    /// `geogate_dead_letter_written_total{reason}`: each [`Reason`] as an
+    /// index, then `shed`.
+    written: [metrics::Counter; Reason::ALL.len() + 1],
+    /// `geogate_duplicates_ignored_total{by="window"}`.
+    window_duplicates: metrics::Counter,
+}
+
+impl RefusalCounters {
+    /// The handles from the recorder installed now: build after
+    /// installing it.
+    pub fn new() -> Self {
+        let written = |reason: &'static str| metrics::counter!("geogate_dead_letter_written_total", "reason" => reason);
+        Self {
+            invalid: Reason::ALL
+                .map(|r| metrics::counter!("geogate_events_invalid_total", "reason" => r.as_str())),
+            written: std::array::from_fn(|i| {
+                Reason::ALL
+                    .get(i)
+                    .map_or_else(|| written("shed"), |r| written(r.as_str()))
+            }),
+            window_duplicates: metrics::counter!("geogate_duplicates_ignored_total", "by" => "window"),
+        }
+    }
+}
+
+impl Default for RefusalCounters {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// A refused message, finished once its dead-letter record is written.
 pub struct Refused {
     refusal: Refusal,
-    reason: &'static str,
     token: Option<AckToken>,
     /// The record for the MQTT mirror, when there is one.
     mirrored: Option<Vec<u8>>,
@@ -133,30 +171,15 @@ impl<C: Clock> Router<C> {
 
     /// Queues a refusal's record in the dead letter; the message is
     /// finished (counted, mirrored, acked) by [`Self::finish_refusals`]
-    /// once the record is written, at the next flush. `reason` is the
-    /// record's reason as a static label, so the metric costs no
-    /// allocation per refusal.
-    async fn refuse(
-        &mut self,
-        refusal: Refusal,
-        reason: &'static str,
-        record: DeadLetter,
-        token: Option<AckToken>,
-    ) {
+    /// once the record is written, at the next flush.
+    fn refuse(&mut self, refusal: Refusal, record: DeadLetter, token: Option<AckToken>) {
         let mirrored = self
             .mirror
             .as_ref()
             .and_then(|_| serde_json::to_vec(&record).ok());
-        if let Err(e) = self.dead_letter.queue(&record) {
-            // Not expected (a record is plain strings and numbers). Never
-            // finished without its record: left unacked, so redelivered.
-            tracing::error!("dead-letter record not serialised, message left unacked: {e}");
-            self.accounting.abandoned();
-            return;
-        }
+        self.dead_letter.queue(&record);
         self.refused.push(Refused {
             refusal,
-            reason,
             token,
             mirrored,
         });
@@ -194,15 +217,14 @@ impl<C: Clock> Router<C> {
     async fn finish_refused(&mut self, refused: Refused) {
         let Refused {
             refusal,
-            reason,
             token,
             mirrored,
         } = refused;
-        match refusal {
+        let written = match refusal {
             Refusal::Invalid(reason) => {
                 self.accounting.invalid(reason);
-                metrics::counter!("geogate_events_invalid_total", "reason" => reason.as_str())
-                    .increment(1);
+                self.counters.invalid[reason as usize].increment(1);
+                reason as usize
             }
             Refusal::Shed { shard, global } => {
                 self.accounting.shed();
@@ -211,9 +233,10 @@ impl<C: Clock> Router<C> {
                     (true, Some(counter)) => counter.increment(1),
                     _ => input.shed.increment(1),
                 }
+                Reason::ALL.len()
             }
-        }
-        metrics::counter!("geogate_dead_letter_written_total", "reason" => reason).increment(1);
+        };
+        self.counters.written[written].increment(1);
         if let (Some(m), Some(body)) = (&self.mirror, mirrored) {
             let _ = m
                 .client
@@ -234,7 +257,7 @@ impl<C: Clock> Router<C> {
 
     /// A duplicate is refused as an undecodable payload is: dead-lettered
     /// with its reason and counted invalid, so one path keeps both exact.
-    async fn refuse_invalid(&mut self, e: codec::DecodeError, item: Envelope) {
+    fn refuse_invalid(&mut self, e: codec::DecodeError, item: Envelope) {
         let record = DeadLetter::new(
             unix_ms(),
             &item.topic,
@@ -242,13 +265,7 @@ impl<C: Clock> Router<C> {
             e.detail,
             &item.payload,
         );
-        self.refuse(
-            Refusal::Invalid(e.reason),
-            e.reason.as_str(),
-            record,
-            item.token,
-        )
-        .await;
+        self.refuse(Refusal::Invalid(e.reason), record, item.token);
     }
 
     /// Routes one decoded message; returns the verdict for a fix that
@@ -261,7 +278,7 @@ impl<C: Clock> Router<C> {
         let fix = match fix {
             Ok(fix) => fix,
             Err(e) => {
-                self.refuse_invalid(e, item).await;
+                self.refuse_invalid(e, item);
                 return None;
             }
         };
@@ -271,12 +288,12 @@ impl<C: Clock> Router<C> {
             .dedup
             .first_sighting(&fix.vehicle, routing, fix.fix_time_ms)
         {
-            metrics::counter!("geogate_duplicates_ignored_total", "by" => "window").increment(1);
+            self.counters.window_duplicates.increment(1);
             let duplicate = codec::DecodeError::new(
                 Reason::Duplicate,
                 format!("({}, {}) already seen", fix.vehicle, fix.fix_time_ms),
             );
-            self.refuse_invalid(duplicate, item).await;
+            self.refuse_invalid(duplicate, item);
             return None;
         }
         let shard_index = routing.shard(self.shards.len());
@@ -370,11 +387,9 @@ impl<C: Clock> Router<C> {
                 shard: shard_index,
                 global: matches!(cause, ShedCause::Global(_)),
             },
-            "shed",
             record,
             item.token,
-        )
-        .await;
+        );
         Some(verdict)
     }
 }
@@ -449,6 +464,7 @@ mod tests {
             clock: clock.clone(),
             deadline,
             refused: Vec::new(),
+            counters: RefusalCounters::new(),
         };
         if records.len() != steps.len() {
             return Err(format!("{} records, {} steps", records.len(), steps.len()));
