@@ -17,46 +17,56 @@ use super::append_file::AppendFile;
 use super::health::SinkHealth;
 use crate::config::FsyncPolicy;
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
+/// One record. Its text borrows from the refused message where it can
+/// (the topic, the reason, a UTF-8 payload): the router builds one per
+/// refusal and serialises it at once, and when a gate sheds a burst that
+/// is thousands a second, so copies of every payload cost (BENCHMARKS.md,
+/// "Shedding"). Read back from a file, every field is owned.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DeadLetter {
+pub struct DeadLetter<'a> {
     /// Unix milliseconds when geogate received the message.
     pub received_ms: i64,
-    pub topic: String,
+    pub topic: Cow<'a, str>,
     /// `shed` or a codec reason (`malformed_json`, ...).
-    pub reason: String,
-    pub detail: String,
+    pub reason: Cow<'a, str>,
+    pub detail: Cow<'a, str>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub shard: Option<usize>,
     /// For `shed`: the gate that refused it and its retry hint.
     #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub gate: Option<String>,
+    pub gate: Option<Cow<'a, str>>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub retry_after_ms: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub payload: Option<String>,
+    pub payload: Option<Cow<'a, str>>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub payload_base64: Option<String>,
 }
 
-impl DeadLetter {
-    /// A record for `payload`, choosing the string or base64 form.
+impl<'a> DeadLetter<'a> {
+    /// A record for `payload`: the payload as text when it is UTF-8, else
+    /// as base64 (see [`crate::sink::payload`]).
     pub fn new(
         received_ms: i64,
-        topic: &str,
-        reason: &str,
-        detail: String,
-        payload: &[u8],
+        topic: &'a str,
+        reason: &'a str,
+        detail: impl Into<Cow<'a, str>>,
+        payload: &'a [u8],
     ) -> Self {
-        let (text, b64) = crate::sink::payload::text_or_base64(payload);
+        let (text, b64) = match std::str::from_utf8(payload) {
+            Ok(text) => (Some(Cow::Borrowed(text)), None),
+            Err(_) => (None, crate::sink::payload::text_or_base64(payload).1),
+        };
         Self {
             received_ms,
-            topic: topic.to_owned(),
-            reason: reason.to_owned(),
-            detail,
+            topic: Cow::Borrowed(topic),
+            reason: Cow::Borrowed(reason),
+            detail: detail.into(),
             shard: None,
             gate: None,
             retry_after_ms: None,
@@ -81,10 +91,13 @@ pub struct DeadLetterSink {
     health: std::sync::Arc<SinkHealth>,
     rotate_bytes: u64,
     fsync: FsyncPolicy,
-    /// Records queued by [`Self::queue`], each a whole line, until they
-    /// are placed behind a successful rotation check (a failed rotation
-    /// keeps the rest here for the next [`Self::flush`]).
-    queued: Vec<Vec<u8>>,
+    /// Records queued by [`Self::queue`], whole lines back to back, until
+    /// they are placed behind a successful rotation check (a failed
+    /// rotation keeps the rest here for the next [`Self::flush`]). One
+    /// buffer, not one allocation per record.
+    queued: Vec<u8>,
+    /// Where each queued line ends in `queued`.
+    queued_ends: Vec<usize>,
     /// Rotated files kept.
     keep: u32,
     /// Records deleted by rotation so far.
@@ -127,6 +140,7 @@ impl DeadLetterSink {
             rotate_bytes,
             fsync,
             queued: Vec::new(),
+            queued_ends: Vec::new(),
             unsynced: Vec::new(),
             keep: 1,
             deleted: 0,
@@ -172,11 +186,10 @@ impl DeadLetterSink {
     /// is strings, integers and one float (a non-finite one is written as
     /// `null`), which serde_json always serialises into memory.
     pub fn queue(&mut self, record: &DeadLetter) {
-        let mut line = Vec::with_capacity(512);
-        serde_json::to_writer(&mut line, record)
+        serde_json::to_writer(&mut self.queued, record)
             .expect("strings and numbers always serialise into memory");
-        line.push(b'\n');
-        self.queued.push(line);
+        self.queued.push(b'\n');
+        self.queued_ends.push(self.queued.len());
     }
 
     /// Whether records are queued or still unwritten after a failure.
@@ -192,7 +205,11 @@ impl DeadLetterSink {
     pub fn flush(&mut self) -> io::Result<()> {
         let mut placed = 0;
         let result = self.place_queued(&mut placed);
-        self.queued.drain(..placed);
+        if let Some(&bytes) = placed.checked_sub(1).and_then(|i| self.queued_ends.get(i)) {
+            self.queued.drain(..bytes);
+            self.queued_ends.drain(..placed);
+            self.queued_ends.iter_mut().for_each(|end| *end -= bytes);
+        }
         result?;
         self.file.write_unwritten()?;
         self.sync_unsynced()
@@ -202,7 +219,9 @@ impl DeadLetterSink {
     /// the next line would take the file past `rotate_bytes`; `placed`
     /// counts the lines moved, so a failure keeps the rest queued.
     fn place_queued(&mut self, placed: &mut usize) -> io::Result<()> {
-        while let Some(len) = self.queued.get(*placed).map(Vec::len) {
+        let mut start = 0;
+        while let Some(&end) = self.queued_ends.get(*placed) {
+            let len = end - start;
             let buffered = self.file.len() + self.file.unwritten_len();
             if buffered > 0 && buffered + len as u64 > self.rotate_bytes {
                 // What is already buffered belongs to the current file.
@@ -212,11 +231,12 @@ impl DeadLetterSink {
                 self.file.rotate(&rotated_path(self.file.path(), 1))?;
                 self.unsynced.clear();
             }
-            let line = &self.queued[*placed];
+            let line = &self.queued[start..end];
             self.file.queue(line);
             if self.fsync == FsyncPolicy::Always {
                 self.unsynced.extend_from_slice(line);
             }
+            start = end;
             *placed += 1;
         }
         Ok(())
@@ -263,6 +283,7 @@ impl DeadLetterSink {
     /// Forgets a record shutdown gave up on (its message stays unacked).
     pub fn discard_unwritten(&mut self) {
         self.queued.clear();
+        self.queued_ends.clear();
         self.file.discard_unwritten();
         self.unsynced.clear();
     }
@@ -319,7 +340,7 @@ fn torn_tail(file: &mut File, len: u64) -> io::Result<Recovery> {
 
 /// Reads every complete record of a dead-letter file; returns them with the
 /// 1-based line numbers of lines that do not parse (torn or foreign).
-pub fn read_records(path: &Path) -> io::Result<(Vec<DeadLetter>, Vec<usize>)> {
+pub fn read_records(path: &Path) -> io::Result<(Vec<DeadLetter<'static>>, Vec<usize>)> {
     let mut records = Vec::new();
     let mut bad = Vec::new();
     for (i, line) in BufReader::new(File::open(path)?).lines().enumerate() {
@@ -350,7 +371,7 @@ mod tests {
             1,
             "fleet/a/telemetry",
             "malformed_json",
-            "x".into(),
+            "x",
             b"{\"a\n",
         ))
         .unwrap();
@@ -358,7 +379,7 @@ mod tests {
             2,
             "t",
             "malformed_json",
-            "utf8".into(),
+            "utf8",
             &[0xff, 0x00],
         ))
         .unwrap();
@@ -383,7 +404,7 @@ mod tests {
                 bytes: torn.len() as u64
             }
         );
-        sink.write(&DeadLetter::new(3, "t", "oversize", "big".into(), b"x"))
+        sink.write(&DeadLetter::new(3, "t", "oversize", "big", b"x"))
             .unwrap();
         let (records, bad) = read_records(&path).unwrap();
         assert_eq!(
@@ -408,7 +429,7 @@ mod tests {
                     i,
                     "t",
                     "shed",
-                    "gate".into(),
+                    "gate",
                     b"{\"vehicle\":\"v\"}",
                 ));
                 if (i + 1) % batch == 0 {
@@ -449,7 +470,7 @@ mod tests {
         let path = dir.path().join("dl.ndjson");
         let (mut sink, _) = DeadLetterSink::open(&path, 1 << 20, FsyncPolicy::Flush).unwrap();
         for i in 0..5 {
-            sink.queue(&DeadLetter::new(i, "t", "shed", "gate".into(), b"x"));
+            sink.queue(&DeadLetter::new(i, "t", "shed", "gate", b"x"));
         }
         assert!(sink.has_unflushed());
         assert_eq!(

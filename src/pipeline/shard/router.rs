@@ -380,7 +380,7 @@ impl<C: Clock> Router<C> {
             &item.payload,
         );
         record.shard = Some(shard_index);
-        record.gate = Some(gate.to_owned());
+        record.gate = Some(gate.into());
         record.retry_after_ms = retry_after.map(|ns| ns as f64 / 1e6);
         self.refuse(
             Refusal::Shed {
