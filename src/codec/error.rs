@@ -28,6 +28,11 @@ impl Reason {
         Reason::Duplicate,
     ];
 
+    /// Its position in [`Self::ALL`], for arrays of per-reason counters.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn as_str(&self) -> &'static str {
         match self {
             Reason::MalformedJson => "malformed_json",
@@ -41,6 +46,18 @@ impl Reason {
         }
     }
 }
+
+/// [`Reason::index`] is the declaration order: `ALL` must list every
+/// reason in that order, checked here when the crate compiles.
+const _: () = {
+    let mut i = 0;
+    while i < Reason::ALL.len() {
+        assert!(Reason::ALL[i].index() == i);
+        i += 1;
+    }
+    // The last declared reason closes `ALL`, so none is missing from it.
+    assert!(Reason::Duplicate.index() + 1 == Reason::ALL.len());
+};
 
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

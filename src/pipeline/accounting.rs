@@ -103,7 +103,7 @@ impl Accounting {
     }
 
     pub fn invalid(&self, reason: Reason) {
-        self.router.0.invalid[reason as usize].fetch_add(1, Relaxed);
+        self.router.0.invalid[reason.index()].fetch_add(1, Relaxed);
     }
 
     pub fn shed(&self) {
@@ -142,7 +142,7 @@ impl Accounting {
         Reason::ALL
             .iter()
             .map(|&r| {
-                let by_router = self.router.0.invalid[r as usize].load(Relaxed);
+                let by_router = self.router.0.invalid[r.index()].load(Relaxed);
                 let by_state = match r {
                     Reason::Duplicate => self.workers.0.duplicates.load(Relaxed),
                     _ => 0,
@@ -170,7 +170,7 @@ impl Accounting {
             .sum::<u64>()
             + duplicates;
         let received = self.received.0.load(Relaxed);
-        let window_duplicates = self.router.0.invalid[Reason::Duplicate as usize].load(Relaxed);
+        let window_duplicates = self.router.0.invalid[Reason::Duplicate.index()].load(Relaxed);
         Balance {
             received,
             invalid,

@@ -13,6 +13,7 @@ use flate2::Compression;
 use flate2::read::MultiGzDecoder;
 use flate2::write::GzEncoder;
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Write};
 use std::path::Path;
@@ -33,7 +34,7 @@ impl CaptureRecord {
         Self {
             t_ns,
             topic: topic.into(),
-            payload,
+            payload: payload.map(Cow::into_owned),
             payload_base64,
         }
     }

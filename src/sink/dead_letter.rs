@@ -25,8 +25,8 @@ use std::path::{Path, PathBuf};
 /// One record. Its text borrows from the refused message where it can
 /// (the topic, the reason, a UTF-8 payload): the router builds one per
 /// refusal and serialises it at once, and when a gate sheds a burst that
-/// is thousands a second, so copies of every payload cost (BENCHMARKS.md,
-/// "Shedding"). Read back from a file, every field is owned.
+/// is thousands a second, each a copy of its payload that nothing needs.
+/// Read back from a file, every field is owned.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeadLetter<'a> {
     /// Unix milliseconds when geogate received the message.
@@ -58,10 +58,7 @@ impl<'a> DeadLetter<'a> {
         detail: impl Into<Cow<'a, str>>,
         payload: &'a [u8],
     ) -> Self {
-        let (text, b64) = match std::str::from_utf8(payload) {
-            Ok(text) => (Some(Cow::Borrowed(text)), None),
-            Err(_) => (None, crate::sink::payload::text_or_base64(payload).1),
-        };
+        let (text, b64) = crate::sink::payload::text_or_base64(payload);
         Self {
             received_ms,
             topic: Cow::Borrowed(topic),
@@ -181,15 +178,20 @@ impl DeadLetterSink {
     /// fsync per record with `fsync = "always"`, made each refusal cost
     /// more than an admitted event (benches/pipeline.rs, `pipeline_shedding`).
     ///
-    /// Infallible, so that a refusal is never left without its record: a
-    /// message finished out of turn holds back every later ack. A record
-    /// is strings, integers and one float (a non-finite one is written as
-    /// `null`), which serde_json always serialises into memory.
-    pub fn queue(&mut self, record: &DeadLetter) {
+    /// Infallible, so that every refusal has its record: a message never
+    /// finished would hold back every later ack, which go out in receive
+    /// order. A record is strings, integers and one float (a non-finite
+    /// one is written as `null`), which serde_json always serialises into
+    /// memory. Returns the line without its newline (the MQTT mirror's
+    /// message).
+    pub fn queue(&mut self, record: &DeadLetter) -> &[u8] {
+        let start = self.queued.len();
         serde_json::to_writer(&mut self.queued, record)
             .expect("strings and numbers always serialise into memory");
+        let end = self.queued.len();
         self.queued.push(b'\n');
         self.queued_ends.push(self.queued.len());
+        &self.queued[start..end]
     }
 
     /// Whether records are queued or still unwritten after a failure.
@@ -462,6 +464,43 @@ mod tests {
             assert_eq!(sink.deleted_records(), kept[0] as u64, "batch {batch}");
             assert!(sink.deleted_records() > 0, "rotation deleted something");
         }
+    }
+
+    /// A rotation that fails part-way through a flush keeps the records it
+    /// had not placed, in order, for the next flush: none lost, none
+    /// written twice, whatever was placed before the failure.
+    #[test]
+    fn a_rotation_failing_mid_flush_loses_and_repeats_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dl.ndjson");
+        // About 16 records a file, so 25 rotate once.
+        let (mut sink, _) = DeadLetterSink::open(&path, 1500, FsyncPolicy::Always).unwrap();
+        let record = |i| DeadLetter::new(i, "t", "shed", "gate", b"{\"vehicle\":\"v\"}");
+        // `<path>.1` as a directory: the rotation cannot count the records
+        // of what it would replace, so it fails after placing some.
+        let blocker = rotated_path(&path, 1);
+        std::fs::create_dir(&blocker).unwrap();
+        for i in 0..20 {
+            sink.queue(&record(i));
+        }
+        assert!(sink.flush().is_err());
+        let placed = read_records(&path).unwrap().0.len();
+        assert!(
+            (1..20).contains(&placed),
+            "the failure falls mid-flush: {placed} of 20 placed"
+        );
+        std::fs::remove_dir(&blocker).unwrap();
+        for i in 20..25 {
+            sink.queue(&record(i));
+        }
+        sink.flush().unwrap();
+        assert!(!sink.has_unflushed());
+        let mut all = read_records(&blocker).unwrap().0;
+        all.extend(read_records(&path).unwrap().0);
+        assert_eq!(
+            all.iter().map(|r| r.received_ms).collect::<Vec<_>>(),
+            (0..25).collect::<Vec<_>>()
+        );
     }
 
     #[test]

@@ -81,13 +81,16 @@ pub struct CommitRequest {
 /// every message; a fixed stride over each shard's messages in finishing
 /// order is one. Seven, not eight: batches are multiples of 8 (see the
 /// worker's `TIMED_EVERY`).
-pub const LATENCY_EVERY: u64 = 7;
+const LATENCY_EVERY: u64 = 7;
 
 /// Counts for one shard, kept as metric handles (no lookups per batch).
 pub struct ShardCounters {
     evaluated: metrics::Counter,
     out_of_order: metrics::Counter,
     duplicates: metrics::Counter,
+    /// `geogate_events_invalid_total{reason="duplicate"}`: a redelivery the
+    /// state recognised is refused as the dedup window's are.
+    invalid_duplicates: metrics::Counter,
     latency: metrics::Histogram,
     /// Messages finished so far, for the latency stride.
     latency_seen: AtomicU64,
@@ -101,6 +104,7 @@ impl ShardCounters {
             evaluated: metrics::counter!("geogate_events_evaluated_total", "shard" => shard.to_string()),
             out_of_order: metrics::counter!("geogate_fixes_out_of_order_total"),
             duplicates: metrics::counter!("geogate_duplicates_ignored_total", "by" => "state"),
+            invalid_duplicates: metrics::counter!("geogate_events_invalid_total", "reason" => "duplicate"),
             latency: metrics::histogram!("geogate_end_to_end_latency_seconds"),
             latency_seen: AtomicU64::new(0),
             accounting,
@@ -142,10 +146,7 @@ impl Finished {
         c.evaluated.increment(self.evaluated);
         c.out_of_order.increment(self.out_of_order);
         c.duplicates.increment(self.duplicates);
-        if self.duplicates > 0 {
-            metrics::counter!("geogate_events_invalid_total", "reason" => "duplicate")
-                .increment(self.duplicates);
-        }
+        c.invalid_duplicates.increment(self.duplicates);
         // One clock read for the batch: its messages finish together.
         let now = Instant::now();
         let first = c

@@ -48,6 +48,10 @@ pub struct Router<C: Clock> {
     pub counters: RefusalCounters,
 }
 
+/// The slot of `shed` among the dead-letter counters, after the codec's
+/// reasons.
+const SHED: usize = Reason::ALL.len();
+
 /// The refusal metrics' handles, looked up once. Why: a `counter!` with a
 /// label is a registry lookup (a hash of the name and labels, and a read
 /// lock) on every refusal, and refusals come by the thousand exactly when a
@@ -55,9 +59,9 @@ pub struct Router<C: Clock> {
 pub struct RefusalCounters {
     /// `geogate_events_invalid_total{reason}`, by [`Reason`] as an index.
     invalid: [metrics::Counter; Reason::ALL.len()],
-    /// `geogate_dead_letter_written_total{reason}`: each [`Reason`] as an
-    /// index, then `shed`.
-    written: [metrics::Counter; Reason::ALL.len() + 1],
+    /// `geogate_dead_letter_written_total{reason}`: each [`Reason`] at its
+    /// index, then `shed` at [`SHED`].
+    written: [metrics::Counter; SHED + 1],
     /// `geogate_duplicates_ignored_total{by="window"}`.
     window_duplicates: metrics::Counter,
 }
@@ -173,11 +177,8 @@ impl<C: Clock> Router<C> {
     /// finished (counted, mirrored, acked) by [`Self::finish_refusals`]
     /// once the record is written, at the next flush.
     fn refuse(&mut self, refusal: Refusal, record: DeadLetter, token: Option<AckToken>) {
-        let mirrored = self
-            .mirror
-            .as_ref()
-            .and_then(|_| serde_json::to_vec(&record).ok());
-        self.dead_letter.queue(&record);
+        let line = self.dead_letter.queue(&record);
+        let mirrored = self.mirror.as_ref().map(|_| line.to_vec());
         self.refused.push(Refused {
             refusal,
             token,
@@ -223,8 +224,8 @@ impl<C: Clock> Router<C> {
         let written = match refusal {
             Refusal::Invalid(reason) => {
                 self.accounting.invalid(reason);
-                self.counters.invalid[reason as usize].increment(1);
-                reason as usize
+                self.counters.invalid[reason.index()].increment(1);
+                reason.index()
             }
             Refusal::Shed { shard, global } => {
                 self.accounting.shed();
@@ -233,7 +234,7 @@ impl<C: Clock> Router<C> {
                     (true, Some(counter)) => counter.increment(1),
                     _ => input.shed.increment(1),
                 }
-                Reason::ALL.len()
+                SHED
             }
         };
         self.counters.written[written].increment(1);
