@@ -15,6 +15,7 @@ use super::outbox::OutboxEntry;
 use super::{CommitBatch, Store, VehicleChange, crash_point};
 use crate::backoff::Backoff;
 use crate::geofence::Transition;
+use crate::metrics::SAMPLE_EVERY;
 use crate::model::VehicleId;
 use crate::pipeline::accounting::Accounting;
 use crate::source::{AckToken, Completions};
@@ -72,17 +73,6 @@ pub struct CommitRequest {
     pub finished: Finished,
 }
 
-/// One finished message in this many has its end-to-end latency recorded
-/// in `geogate_end_to_end_latency_seconds`. Why not every one: a sample
-/// costs a clock read, atomic operations and a memory fence in the
-/// exporter, then its share of the next scrape's drain (callgrind: about
-/// 190 instructions per message to record, against about 3,000 for every
-/// other stage after decoding together). Quantiles need a fair sample, not
-/// every message; a fixed stride over each shard's messages in finishing
-/// order is one. Seven, not eight: batches are multiples of 8 (see the
-/// worker's `TIMED_EVERY`).
-const LATENCY_EVERY: u64 = 7;
-
 /// Counts for one shard, kept as metric handles (no lookups per batch).
 pub struct ShardCounters {
     evaluated: metrics::Counter,
@@ -92,7 +82,7 @@ pub struct ShardCounters {
     /// state recognised is refused as the dedup window's are.
     invalid_duplicates: metrics::Counter,
     latency: metrics::Histogram,
-    /// Messages finished so far, for the latency stride.
+    /// Messages finished so far, for the latency's sampling stride.
     latency_seen: AtomicU64,
     accounting: Arc<Accounting>,
     completions: Completions,
@@ -153,7 +143,7 @@ impl Finished {
             .latency_seen
             .fetch_add(self.messages.len() as u64, Relaxed);
         for (i, (token, received_at)) in self.messages.into_iter().enumerate() {
-            if (first + i as u64).is_multiple_of(LATENCY_EVERY) {
+            if (first + i as u64).is_multiple_of(SAMPLE_EVERY) {
                 c.latency
                     .record(now.saturating_duration_since(received_at).as_secs_f64());
             }

@@ -70,14 +70,12 @@ impl RefusalCounters {
     /// The handles from the recorder installed now: build after
     /// installing it.
     pub fn new() -> Self {
-        let written = |reason: &'static str| metrics::counter!("geogate_dead_letter_written_total", "reason" => reason);
         Self {
             invalid: Reason::ALL
                 .map(|r| metrics::counter!("geogate_events_invalid_total", "reason" => r.as_str())),
             written: std::array::from_fn(|i| {
-                Reason::ALL
-                    .get(i)
-                    .map_or_else(|| written("shed"), |r| written(r.as_str()))
+                let reason = Reason::ALL.get(i).map_or("shed", Reason::as_str);
+                metrics::counter!("geogate_dead_letter_written_total", "reason" => reason)
             }),
             window_duplicates: metrics::counter!("geogate_duplicates_ignored_total", "by" => "window"),
         }

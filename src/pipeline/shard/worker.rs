@@ -10,6 +10,7 @@
 
 use super::Admitted;
 use crate::geofence::{Evaluator, FenceIndex, FixOutcome, TransitionKind, VehicleSnapshot};
+use crate::metrics::SAMPLE_EVERY;
 use crate::model::VehicleId;
 use crate::sink::health::wait_deadline;
 use crate::state::commit::{CommitRequest, Finished, ShardCounters};
@@ -22,15 +23,6 @@ use tokio::sync::{mpsc, watch};
 
 /// Most fixes taken from the queue per batch (and so per commit request).
 const BATCH: usize = 256;
-
-/// One evaluation in this many is timed for
-/// `geogate_evaluation_duration_seconds`. Why not every one: a sample cost
-/// a clock read here, and a second and an atomic push in the exporter;
-/// `perf` put that at about 3% of the in-process pipeline's samples, more
-/// than the evaluation itself (2.5%). Seven, not eight: batches and bursts
-/// are multiples of 8, so every eighth would keep landing on the same
-/// places in each batch, such as its first, cold evaluation.
-const TIMED_EVERY: u64 = 7;
 
 /// Everything a worker needs besides its queue.
 pub struct WorkerContext {
@@ -129,7 +121,7 @@ pub async fn worker(
                 continue;
             }
             let before = transitions.len();
-            let timed = evaluations.is_multiple_of(TIMED_EVERY).then(Instant::now);
+            let timed = evaluations.is_multiple_of(SAMPLE_EVERY).then(Instant::now);
             evaluations += 1;
             let outcome = evaluator.evaluate_delivery(
                 &item.vehicle,
