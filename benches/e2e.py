@@ -34,6 +34,7 @@ a half-second drain.
 
 Usage: .venv/bin/python benches/e2e.py [--vehicles V] [--phase live|preloaded|both] [--skip-peer]
        GEOGATE_STATE_BACKEND=memory ... runs geogate with the memory state backend;
+       GEOGATE_DECODE_LANES=N ... runs geogate with N decode lanes;
        GEOGATE_BIN=path ... runs another build (to alternate two builds run by run).
 Needs: mosquitto, mosquitto_sub, target/release/geogate, Shapely 2, paho-mqtt.
 """
@@ -134,6 +135,10 @@ def geogate_config(client_id, qos):
     if os.environ.get("GEOGATE_STATE_BACKEND"):
         # For a same-session comparison of the state backends.
         cfg = cfg.replace('# backend = "embedded"', f'backend = "{os.environ["GEOGATE_STATE_BACKEND"]}"', 1)
+    if os.environ.get("GEOGATE_DECODE_LANES"):
+        # For a same-session comparison of lane counts with one build.
+        assert "# decode_lanes = 0 " in cfg
+        cfg = cfg.replace("# decode_lanes = 0 ", f'decode_lanes = {int(os.environ["GEOGATE_DECODE_LANES"])} ', 1)
     path = os.path.join(tmp, f"{client_id}.toml")
     open(path, "w").write(cfg)
     return path, mport
