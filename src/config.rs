@@ -229,7 +229,8 @@ pub struct PipelineConfig {
     /// How long shutdown may spend draining queues.
     pub drain_deadline_s: f64,
     /// Decode lanes (tasks decoding payloads beside the router), split by
-    /// topic; 0 means one per available core but the router's.
+    /// topic; 0 means one per available core but the router's, and at
+    /// least two on two cores or more.
     pub decode_lanes: usize,
 }
 
@@ -258,11 +259,18 @@ impl PipelineConfig {
         }
     }
 
-    /// The router needs a core of its own; on 2 cores, 1 lane measured
-    /// best (BENCHMARKS.md, "Decode lanes").
+    /// A core per lane but the router's, and at least two lanes where
+    /// there are two cores: one lane leaves decoding serial, and on 2
+    /// cores two lanes ran the in-process pipeline faster in 12 of 16
+    /// alternating rounds over two sessions, and left the live drain level
+    /// (BENCHMARKS.md, "Two decode lanes on two cores").
     pub fn decode_lane_count(&self) -> usize {
         if self.decode_lanes == 0 {
-            cores().saturating_sub(1).clamp(1, MAX_DECODE_LANES)
+            let cores = cores();
+            cores
+                .saturating_sub(1)
+                .max(cores.min(2))
+                .clamp(1, MAX_DECODE_LANES)
         } else {
             self.decode_lanes
         }
@@ -622,7 +630,7 @@ impl Config {
             problem(
                 "pipeline.decode_lanes",
                 format!(
-                    "must be 0 (cores − 1, at least 1) to {MAX_DECODE_LANES}, got {}",
+                    "must be 0 (cores − 1, at least 2 on 2 cores or more) to {MAX_DECODE_LANES}, got {}",
                     self.pipeline.decode_lanes
                 ),
             );
