@@ -229,8 +229,8 @@ pub struct PipelineConfig {
     /// How long shutdown may spend draining queues.
     pub drain_deadline_s: f64,
     /// Decode lanes (tasks decoding payloads beside the router), split by
-    /// topic; 0 means one per available core but the router's, and at
-    /// least two on two cores or more.
+    /// topic; 0 means one per available core but the router's: one on a
+    /// single core, at least two on two cores or more.
     pub decode_lanes: usize,
 }
 
@@ -259,22 +259,25 @@ impl PipelineConfig {
         }
     }
 
-    /// A core per lane but the router's, and at least two lanes where
-    /// there are two cores: one lane leaves decoding serial, and on 2
-    /// cores two lanes ran the in-process pipeline faster in 12 of 16
-    /// alternating rounds over two sessions, and left the live drain level
-    /// (BENCHMARKS.md, "Two decode lanes on two cores").
     pub fn decode_lane_count(&self) -> usize {
         if self.decode_lanes == 0 {
-            let cores = cores();
-            cores
-                .saturating_sub(1)
-                .max(cores.min(2))
-                .clamp(1, MAX_DECODE_LANES)
+            default_decode_lanes(cores())
         } else {
             self.decode_lanes
         }
     }
+}
+
+/// A lane per core but the router's, one on a single core, and at least
+/// two on two cores: one lane leaves decoding serial, and on 2 cores two
+/// lanes ran the in-process pipeline faster in 12 of 16 alternating
+/// rounds over two sessions, with the live drain level by the median
+/// (BENCHMARKS.md, "Two decode lanes on two cores").
+fn default_decode_lanes(cores: usize) -> usize {
+    cores
+        .saturating_sub(1)
+        .max(cores.min(2))
+        .clamp(1, MAX_DECODE_LANES)
 }
 
 fn cores() -> usize {
@@ -630,7 +633,7 @@ impl Config {
             problem(
                 "pipeline.decode_lanes",
                 format!(
-                    "must be 0 (cores − 1, at least 2 on 2 cores or more) to {MAX_DECODE_LANES}, got {}",
+                    "must be 0 (cores − 1, at least 1, and at least 2 on 2 cores or more) to {MAX_DECODE_LANES}, got {}",
                     self.pipeline.decode_lanes
                 ),
             );
@@ -773,5 +776,21 @@ impl Config {
             );
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One lane on one core, two on two and three, then a lane per core
+    /// but the router's, never more than the cap.
+    #[test]
+    fn default_decode_lanes_by_core_count() {
+        let lanes: Vec<_> = [1, 2, 3, 4, 8, 64, 65, 200]
+            .into_iter()
+            .map(default_decode_lanes)
+            .collect();
+        assert_eq!(lanes, [1, 2, 2, 3, 7, 63, 64, MAX_DECODE_LANES]);
     }
 }

@@ -250,10 +250,13 @@ fn the_leaky_shaper_paces_pings_and_loses_none_in_its_lane() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
+    // One decode lane: the premise below is the publishing order across
+    // topics (the movers reach the router before the pings), and lanes
+    // keep only each topic's order.
     let mut s = setup(
         broker.port,
         "shaper",
-        "queue_capacity = 8\nsustained_rate = 50",
+        "queue_capacity = 8\nsustained_rate = 50\ndecode_lanes = 1",
     );
     s.gate = "kind = \"leaky_shaper\"\nrate = 10\nburst = 10";
     s.events_mqtt = true;
