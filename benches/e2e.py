@@ -17,8 +17,10 @@ preloaded every consumer first registers a persistent session and leaves;
 
 Consumers: mosquitto_sub at QoS 0 and 1 (the limit; when draining it prints
 nothing and is timed by its wall clock), geogate run at QoS 0 and
-1 (2 shards, no worker cap, a gate that never sheds), and the paho-mqtt +
-Shapely peer (benches/peers/paho_shapely.py) at QoS 1. A rate is messages
+1 (2 shards, no worker cap, a gate that never sheds; a full shard queue
+still sheds idle pings whatever the gate, so a drain that outruns the workers
+by a whole queue evaluates fewer, and its accounting line says how many), and
+the paho-mqtt + Shapely peer (benches/peers/paho_shapely.py) at QoS 1. A rate is messages
 over the time from the consumer's first to its last message (geogate: first
 received to all evaluated or dead-lettered, from /metrics polled every 5 ms
 from the moment the process starts, so the rate is if anything understated).
@@ -120,7 +122,7 @@ def sub_rate(proc):
 
 
 def geogate_config(client_id, qos):
-    """The example config on this broker: no worker cap, a gate that never sheds."""
+    """The example config on this broker: no worker cap, a gate that never sheds (a full queue still does)."""
     mport = free_port()
     cfg = open(os.path.join(ROOT, "config/geogate.toml")).read()
     for old, new in [("port = 1883\n", f"port = {port}\n"), ('client_id = "geogate-1"', f'client_id = "{client_id}"'),
