@@ -29,10 +29,10 @@ use geo::Coord;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Cell {
-    Outside,
-    Inside,
+    Outside = 0,
+    Inside = 1,
     /// An edge may pass through: ask the edges.
-    Edge,
+    Edge = 2,
 }
 
 /// Gives up on the grid when marking edges would write more than this many

@@ -9,7 +9,7 @@
 //! classic R-tree slowdown) and bulk-loaded, so the tree is packed.
 //!
 //! Each candidate carries its part's cell grid header ([`GridRef`]): the
-//! query reads the listing, then the one cell byte in a shared arena, and
+//! query reads the listing, then the cell's two bits in a shared arena, and
 //! only where an edge may cross that cell does it read edges: a small
 //! part's rings from one flat arena, a large part's through its rings.
 //! Before this, every candidate cost four dependent loads (fence, part,
@@ -24,6 +24,7 @@
 use super::cell_grid::{Cell, CellGrid, GridRef, f32_down, f32_up};
 use super::fences::Fence;
 use super::grid::{CandidateGrid, Lookup};
+use super::packed_cells::PackedCells;
 use super::ring::Position;
 use super::shape::{Part, walk_flat};
 use crate::model::FenceId;
@@ -63,7 +64,8 @@ const FLAT_WALK_MAX: usize = 96;
 /// Cells per edge of a part's grid: measured on the bench's 10k fences,
 /// 4 left 48% of lookups to the edges, 16 took 1.6× fewer; 32 was 1.1×
 /// faster again and 64 no faster than 32. At 32 the bench's 10k fences
-/// take 12.7 MB of cells, next to 6.3 MB of coordinates.
+/// take 12.7 M cells (3.2 MB at two bits each), next to 6.3 MB of
+/// coordinates.
 const PART_CELLS_PER_EDGE: usize = 32;
 
 /// How many times the median envelope area makes a part "large".
@@ -81,7 +83,7 @@ pub struct FenceIndex {
     /// Parts with an envelope over [`LARGE_FACTOR`] × the median area.
     large: RTree<Entry>,
     /// Every part grid's cells, one after another.
-    cells: Vec<Cell>,
+    cells: PackedCells,
     /// Small parts' rings, one after another (see [`PolygonShape::flat_rings`]).
     flat: Vec<Coord<f64>>,
     by_id: HashMap<FenceId, FenceIdx>,
@@ -90,7 +92,7 @@ pub struct FenceIndex {
 impl FenceIndex {
     pub fn new(fences: Vec<Fence>) -> Self {
         let mut entries = Vec::new();
-        let mut cells = Vec::new();
+        let mut cells = PackedCells::default();
         let mut flat = Vec::new();
         for (f, fence) in fences.iter().enumerate() {
             for (p, part) in fence.parts.iter().enumerate() {
@@ -245,7 +247,10 @@ impl FenceIndex {
     /// else its flat rings, else the part itself.
     #[inline]
     fn covers(&self, candidate: &Candidate, p: Coord<f64>) -> bool {
-        match candidate.grid.map(|grid| self.cells[grid.cell_index(p)]) {
+        match candidate
+            .grid
+            .map(|grid| self.cells.get(grid.cell_index(p)))
+        {
             Some(Cell::Inside) => true,
             Some(Cell::Outside) => false,
             Some(Cell::Edge) | None if candidate.walk_len > 0 => {
@@ -285,7 +290,7 @@ fn flat_copy(part: &Part, arena: &mut Vec<Coord<f64>>) -> (u32, u32) {
 /// A cell grid over a polygon part (holes included), its cells appended to
 /// `arena`. `None` for circles, for parts the grid would not pay for, and
 /// once the arena is as large as a [`GridRef`] can address.
-fn part_grid(part: &Part, arena: &mut Vec<Cell>) -> Option<GridRef> {
+fn part_grid(part: &Part, arena: &mut PackedCells) -> Option<GridRef> {
     let Part::Polygon(polygon) = part else {
         return None;
     };
@@ -295,6 +300,6 @@ fn part_grid(part: &Part, arena: &mut Vec<Cell>) -> Option<GridRef> {
     })?;
     let offset = u32::try_from(arena.len()).ok()?;
     u32::try_from(arena.len() + grid.cells().len()).ok()?;
-    arena.extend_from_slice(grid.cells());
+    arena.extend(grid.cells());
     Some(grid.header(offset))
 }

@@ -11,6 +11,7 @@ pub mod fences;
 pub mod generate;
 mod grid;
 pub mod index;
+mod packed_cells;
 pub mod probe;
 pub mod ring;
 pub mod shape;
