@@ -1,12 +1,14 @@
 //! The index's arena of part-grid cells, two bits per cell.
 //!
-//! At 10k fences the cell read was 70% of a candidate test's samples, on
-//! the load itself: a cache (and TLB) miss into an arena of 12.7 MB, one
-//! byte per cell. A cell holds one of three answers, so two bits carry it,
-//! and the same grids take a quarter of the bytes and of the pages.
+//! At 10k fences 70% of a candidate test's samples sat on the cell's load,
+//! most likely a miss into an arena of 12.7 MB at one byte per cell (this
+//! VM has no counters to say which level). A cell holds one of three
+//! answers, so two bits carry it, and the same grids take a quarter of the
+//! bytes and of the pages.
 
 use super::cell_grid::Cell;
 
+/// Holds `len.div_ceil(4)` bytes: a byte is pushed with its first cell.
 #[derive(Debug, Default)]
 pub struct PackedCells {
     bytes: Vec<u8>,
@@ -19,6 +21,7 @@ impl PackedCells {
         self.len
     }
 
+    /// Appends a grid's cells; the first takes index [`Self::len`].
     pub fn extend(&mut self, cells: &[Cell]) {
         self.bytes
             .reserve((self.len + cells.len()).div_ceil(4) - self.bytes.len());
@@ -39,6 +42,7 @@ impl PackedCells {
         match (self.bytes[index / 4] >> (2 * (index % 4))) & 0b11 {
             0 => Cell::Outside,
             1 => Cell::Inside,
+            // Never written; were it read, the edges would still answer.
             _ => Cell::Edge,
         }
     }
