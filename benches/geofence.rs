@@ -8,8 +8,8 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use geo::Coord;
-use geogate::geofence::FenceIndex;
 use geogate::geofence::generate::{SplitMix64, random_fences, to_geojson};
+use geogate::geofence::{Coverings, FenceIndex};
 use std::hint::black_box;
 use std::io::Write;
 use std::path::PathBuf;
@@ -71,6 +71,15 @@ fn evaluation(c: &mut Criterion) {
                     found += out.len();
                 }
                 found
+            })
+        });
+        group.bench_with_input(BenchmarkId::new("rtree_batch", n), &points, |b, points| {
+            let mut coverings = Coverings::default();
+            b.iter(|| {
+                index.containing_batch(black_box(points), &mut coverings);
+                (0..coverings.len())
+                    .map(|i| coverings.of(i).len())
+                    .sum::<usize>()
             })
         });
         if n <= 10_000 {

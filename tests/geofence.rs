@@ -5,7 +5,7 @@ use geo::Coord;
 use geogate::geofence::generate::{SplitMix64, random_fences};
 use geogate::geofence::ring::METRES_PER_DEGREE;
 use geogate::geofence::{
-    Evaluator, EvaluatorSettings, FenceIndex, FixOutcome, Transition, TransitionKind,
+    Coverings, Evaluator, EvaluatorSettings, FenceIndex, FixOutcome, Transition, TransitionKind,
     VehicleSnapshot, parse_fences,
 };
 use geogate::model::VehicleId;
@@ -316,19 +316,55 @@ fn rtree_agrees_with_linear_scan_on_100k_points() {
     let (fences, area) = random_fences(42, 2_000, 3, 12_000);
     let idx = FenceIndex::new(fences);
     let mut rng = SplitMix64::new(7);
-    let (mut fast, mut slow) = (Vec::new(), Vec::new());
-    let mut hits = 0;
-    for _ in 0..100_000 {
-        let p = area.random_point(&mut rng);
-        idx.containing(p, &mut fast);
-        idx.containing_linear(p, &mut slow);
-        assert_eq!(fast, slow, "at {p:?}");
-        hits += usize::from(!fast.is_empty());
-    }
+    let points: Vec<Coord<f64>> = (0..100_000).map(|_| area.random_point(&mut rng)).collect();
+    let hits = agree_with_linear_scan(&idx, &points);
     assert!(
         hits > 20_000 && hits < 95_000,
         "both hits and misses: {hits}"
     );
+}
+
+/// Asserts that the point query and the batch give the linear scan's
+/// answer for every point; returns how many points some fence covers.
+fn agree_with_linear_scan(idx: &FenceIndex, points: &[Coord<f64>]) -> usize {
+    let (mut fast, mut slow) = (Vec::new(), Vec::new());
+    let mut batch = Coverings::default();
+    idx.containing_batch(points, &mut batch);
+    assert_eq!(batch.len(), points.len());
+    let mut covered = 0;
+    for (i, p) in points.iter().enumerate() {
+        idx.containing(*p, &mut fast);
+        idx.containing_linear(*p, &mut slow);
+        assert_eq!(fast, slow, "at {p:?}");
+        assert_eq!(
+            batch.of(i),
+            slow.as_slice(),
+            "point {i} of the batch, at {p:?}"
+        );
+        covered += usize::from(!slow.is_empty());
+    }
+    covered
+}
+
+/// Batches of every length around the window's (16 points), one after
+/// another into the same `Coverings`: each answers for its own points.
+#[test]
+fn batches_of_any_length_answer_point_by_point() {
+    let (fences, area) = random_fences(5, 500, 1, 2_000);
+    let idx = FenceIndex::new(fences);
+    let mut rng = SplitMix64::new(11);
+    let points: Vec<Coord<f64>> = (0..200).map(|_| area.random_point(&mut rng)).collect();
+    let mut batch = Coverings::default();
+    let mut one = Vec::new();
+    for len in [0, 1, 2, 15, 16, 17, 31, 32, 33, 200, 0] {
+        idx.containing_batch(&points[..len], &mut batch);
+        assert_eq!(batch.len(), len);
+        assert_eq!(batch.is_empty(), len == 0);
+        for (i, p) in points[..len].iter().enumerate() {
+            idx.containing(*p, &mut one);
+            assert_eq!(batch.of(i), one.as_slice(), "point {i} of {len}");
+        }
+    }
 }
 
 /// Where the grids could slip: every vertex, points along every edge, and
@@ -359,14 +395,7 @@ fn boundary_probes_agree_with_linear_scan() {
             }
         }
     }
-    let (mut fast, mut slow) = (Vec::new(), Vec::new());
-    let mut covered = 0;
-    for p in &probes {
-        idx.containing(*p, &mut fast);
-        idx.containing_linear(*p, &mut slow);
-        assert_eq!(fast, slow, "at {p:?}");
-        covered += usize::from(!fast.is_empty());
-    }
+    let covered = agree_with_linear_scan(&idx, &probes);
     assert!(
         covered > probes.len() / 2,
         "{covered} of {} probes covered",
@@ -402,19 +431,22 @@ fn crowded_spots_agree_with_linear_scan() {
     let doc = json!({"type": "FeatureCollection", "features": features});
     fences.extend(parse_fences(&doc.to_string()).expect("valid fences"));
     let idx = FenceIndex::new(fences);
-    let (mut fast, mut slow) = (Vec::new(), Vec::new());
-    let mut most = 0;
-    for _ in 0..50_000 {
-        let p = Coord {
+    let points: Vec<Coord<f64>> = (0..50_000)
+        .map(|_| Coord {
             x: spot.x + rng.range(-0.02, 0.02),
             y: spot.y + rng.range(-0.02, 0.02),
-        };
-        idx.containing(p, &mut fast);
-        idx.containing_linear(p, &mut slow);
-        assert_eq!(fast, slow, "at {p:?}");
-        most = most.max(fast.len());
-    }
-    assert!(most > 48, "the stack overlaps deeply: {most}");
+        })
+        .collect();
+    agree_with_linear_scan(&idx, &points);
+    let mut covering = Vec::new();
+    let most = points
+        .iter()
+        .map(|p| {
+            idx.containing(*p, &mut covering);
+            covering.len()
+        })
+        .max();
+    assert!(most > Some(48), "the stack overlaps deeply: {most:?}");
 }
 
 mod ring_position {

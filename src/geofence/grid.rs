@@ -15,6 +15,9 @@
 //! truncation all preserve order under IEEE rounding), so every point of an
 //! envelope maps into the cell range the envelope was listed in.
 
+use super::cell_grid::{f32_down, f32_up};
+use super::prefetch::{prefetch, prefetch_lines};
+
 /// More candidates than this in one cell: leave that cell to the R-tree.
 const CROWDED: usize = 48;
 
@@ -36,27 +39,60 @@ struct Envelope {
     hi: [f32; 2],
 }
 
-/// A cell's listings. Envelopes and references are kept in two parallel
-/// arrays so the scan reads only the dense boxes (16 bytes each), and a
-/// reference is loaded only for a box that holds the point.
+/// A cell's listings, each envelope beside its reference. A cell lists
+/// about three or four envelopes at 10k fences, so a separate array of
+/// dense boxes saved little scanning, and each box that held the point then
+/// cost a second, dependent load for its reference; side by side, the
+/// reference arrives with the box.
+#[derive(Clone, Copy)]
 pub struct Candidates<'a, R> {
-    envelopes: &'a [Envelope],
-    references: &'a [R],
+    listings: &'a [Listing<R>],
 }
 
 impl<'a, R> Candidates<'a, R> {
     /// The references whose envelope holds `(x, y)`.
     pub fn holding(&self, x: f64, y: f64) -> impl Iterator<Item = &'a R> + use<'a, R> {
-        self.envelopes
+        let point = PointBox::new(x, y);
+        self.listings
             .iter()
-            .zip(self.references)
-            .filter(move |(envelope, _)| envelope.holds(x, y))
-            .map(|(_, reference)| reference)
+            .filter(move |listing| listing.envelope.holds(&point))
+            .map(|listing| &listing.reference)
+    }
+
+    /// Starts loading every line of the listings, so that a batch can have
+    /// every point's listings on their way before it reads any.
+    #[inline]
+    pub fn prefetch(&self) {
+        prefetch_lines(self.listings);
     }
 
     #[cfg(test)]
     fn is_empty(&self) -> bool {
-        self.envelopes.is_empty()
+        self.listings.is_empty()
+    }
+}
+
+/// One envelope and what it stands for.
+#[derive(Debug, Clone, Copy)]
+struct Listing<R> {
+    envelope: Envelope,
+    reference: R,
+}
+
+/// A point as the f32 box `[down, up]` around it: an f32 bound `lo` is
+/// ≤ x exactly when it is ≤ the largest f32 ≤ x, and `hi` ≥ x exactly
+/// when it is ≥ the smallest f32 ≥ x, so the test stays exact in f32.
+struct PointBox {
+    down: [f32; 2],
+    up: [f32; 2],
+}
+
+impl PointBox {
+    fn new(x: f64, y: f64) -> Self {
+        Self {
+            down: [f32_down(x), f32_down(y)],
+            up: [f32_up(x), f32_up(y)],
+        }
     }
 }
 
@@ -75,12 +111,10 @@ pub struct CandidateGrid<R> {
     scale: [f64; 2],
     nx: usize,
     ny: usize,
-    /// Listings of cell `k` are `envelopes[starts[k]..starts[k + 1]]` and
-    /// the same range of `references` (bits below [`CROWDED_BIT`]);
-    /// `starts[k]` carries the bit when crowded.
+    /// Listings of cell `k` are `listings[starts[k]..starts[k + 1]]` (bits
+    /// below [`CROWDED_BIT`]); `starts[k]` carries the bit when crowded.
     starts: Vec<u32>,
-    envelopes: Vec<Envelope>,
-    references: Vec<R>,
+    listings: Vec<Listing<R>>,
 }
 
 impl<R: Copy> CandidateGrid<R> {
@@ -144,8 +178,7 @@ impl<R: Copy> CandidateGrid<R> {
             nx,
             ny,
             starts: Vec::new(),
-            envelopes: Vec::new(),
-            references: Vec::new(),
+            listings: Vec::new(),
         };
         let range = |lo: &[f32; 2], hi: &[f32; 2]| {
             let (x0, y0) = grid.cell_of(f64::from(lo[0]), f64::from(lo[1]));
@@ -181,13 +214,16 @@ impl<R: Copy> CandidateGrid<R> {
             return None;
         }
         let mut fill = counts.clone();
-        let mut listed: Vec<Option<(Envelope, R)>> = vec![None; total];
+        let mut listed: Vec<Option<Listing<R>>> = vec![None; total];
         for &(lo, hi, reference) in envelopes {
             let (x0, y0, x1, y1) = range(&lo, &hi);
             for cy in y0..=y1 {
                 for k in cy * nx + x0..=cy * nx + x1 {
                     if !crowded[k] {
-                        listed[fill[k] as usize] = Some((Envelope { lo, hi }, reference));
+                        listed[fill[k] as usize] = Some(Listing {
+                            envelope: Envelope { lo, hi },
+                            reference,
+                        });
                         fill[k] += 1;
                     }
                 }
@@ -199,7 +235,7 @@ impl<R: Copy> CandidateGrid<R> {
             }
         }
         grid.starts = counts;
-        (grid.envelopes, grid.references) = listed.into_iter().flatten().unzip();
+        grid.listings = listed.into_iter().flatten().collect();
         Some(grid)
     }
 
@@ -212,34 +248,48 @@ impl<R: Copy> CandidateGrid<R> {
 
     /// The listings that may hold `(x, y)`.
     pub fn lookup(&self, x: f64, y: f64) -> Lookup<'_, R> {
-        if !(x >= self.min[0] && x <= self.max[0] && y >= self.min[1] && y <= self.max[1]) {
-            return Lookup::Candidates(Candidates {
-                envelopes: &[],
-                references: &[],
-            });
-        }
-        let (cx, cy) = self.cell_of(x, y);
-        let k = cy * self.nx + cx;
+        let Some(k) = self.cell_index(x, y) else {
+            return Lookup::Candidates(Candidates { listings: &[] });
+        };
         let start = self.starts[k];
         if start & CROWDED_BIT != 0 {
             return Lookup::Crowded;
         }
         let range = start as usize..(self.starts[k + 1] & !CROWDED_BIT) as usize;
         Lookup::Candidates(Candidates {
-            envelopes: &self.envelopes[range.clone()],
-            references: &self.references[range],
+            listings: &self.listings[range],
         })
+    }
+
+    /// Starts loading the cell [`Self::lookup`] will read for `(x, y)`.
+    #[inline]
+    pub fn prefetch(&self, x: f64, y: f64) {
+        if let Some(k) = self.cell_index(x, y) {
+            prefetch(&self.starts[k]);
+        }
+    }
+
+    /// The cell `(x, y)` falls in; `None` outside the grid (NaN included).
+    #[inline]
+    fn cell_index(&self, x: f64, y: f64) -> Option<usize> {
+        if !(x >= self.min[0] && x <= self.max[0] && y >= self.min[1] && y <= self.max[1]) {
+            return None;
+        }
+        let (cx, cy) = self.cell_of(x, y);
+        Some(cy * self.nx + cx)
     }
 }
 
 impl Envelope {
-    /// Whether `(x, y)` lies in the listed envelope (boundary included).
+    /// Whether the point lies in the listed envelope (boundary included).
+    /// `&`, not `&&`: four compares and no branch per box, where the
+    /// short-circuit form branched on each bound.
     #[inline]
-    pub fn holds(&self, x: f64, y: f64) -> bool {
-        f64::from(self.lo[0]) <= x
-            && x <= f64::from(self.hi[0])
-            && f64::from(self.lo[1]) <= y
-            && y <= f64::from(self.hi[1])
+    fn holds(&self, point: &PointBox) -> bool {
+        (self.lo[0] <= point.down[0])
+            & (self.lo[1] <= point.down[1])
+            & (point.up[0] <= self.hi[0])
+            & (point.up[1] <= self.hi[1])
     }
 }
 

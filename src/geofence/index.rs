@@ -16,15 +16,17 @@
 //! ring, cells), and the profile was cache misses on them.
 //!
 //! Parts whose envelope is far larger than the typical one (country borders
-//! among city blocks) go into a second tree. Packed among small neighbours
-//! they would inflate every ancestor node's envelope, and each query would
-//! descend into those nodes for nothing; measured, mixing three 10k-vertex
-//! polygons into 10k city blocks halved the query rate.
+//! among city blocks) go into a second layer, with its own grid and tree.
+//! Packed among small neighbours they would inflate every ancestor node's
+//! envelope, and each query would descend into those nodes for nothing;
+//! measured, mixing three 10k-vertex polygons into 10k city blocks halved
+//! the query rate. Their own grid spares each query a descent of their tree.
 
 use super::cell_grid::{Cell, CellGrid, GridRef, f32_down, f32_up};
 use super::fences::Fence;
-use super::grid::{CandidateGrid, Lookup};
+use super::grid::{CandidateGrid, Candidates, Lookup};
 use super::packed_cells::PackedCells;
+use super::prefetch::prefetch_lines;
 use super::ring::Position;
 use super::shape::{Part, walk_flat};
 use crate::model::FenceId;
@@ -68,6 +70,11 @@ const FLAT_WALK_MAX: usize = 96;
 /// 12.7 M cells (3.2 MB at two bits each), next to 6.3 MB of coordinates.
 const PART_CELLS_PER_EDGE: usize = 32;
 
+/// Points a batch carries through each stage together: enough loads in
+/// flight to hide a miss behind the others, few enough that a point's lines
+/// are still in cache when its next stage reads them.
+const BATCH_WINDOW: usize = 16;
+
 /// How many times the median envelope area makes a part "large".
 const LARGE_FACTOR: f64 = 64.0;
 
@@ -77,11 +84,9 @@ const LARGE_FACTOR: f64 = 64.0;
 pub struct FenceIndex {
     fences: Vec<Fence>,
     /// Parts of typical size.
-    tree: RTree<Entry>,
-    /// The same parts by grid cell; crowded cells fall back to `tree`.
-    grid: Option<CandidateGrid<Candidate>>,
+    small: Layer,
     /// Parts with an envelope over [`LARGE_FACTOR`] × the median area.
-    large: RTree<Entry>,
+    large: Layer,
     /// Every part grid's cells, one after another.
     cells: PackedCells,
     /// Small parts' rings, one after another (see [`PolygonShape::flat_rings`]).
@@ -128,18 +133,10 @@ impl FenceIndex {
             .enumerate()
             .map(|(i, f)| (f.id.clone(), i as FenceIdx))
             .collect();
-        let listed: Vec<_> = small
-            .iter()
-            .map(|e| {
-                let env = e.geom().envelope();
-                (env.lower(), env.upper(), e.data)
-            })
-            .collect();
         Self {
             fences,
-            grid: CandidateGrid::build(&listed),
-            tree: RTree::bulk_load(small),
-            large: RTree::bulk_load(large),
+            small: Layer::new(small),
+            large: Layer::new(large),
             cells,
             flat,
             by_id,
@@ -170,32 +167,93 @@ impl FenceIndex {
     /// without duplicates. Reusing `out` keeps the hot path allocation-free.
     pub fn containing(&self, p: Coord<f64>, out: &mut Vec<FenceIdx>) {
         out.clear();
-        let probe = AABB::from_corners([f32_down(p.x), f32_down(p.y)], [f32_up(p.x), f32_up(p.y)]);
-        let mut test = |candidate: &Candidate| {
-            if self.covers(candidate, p) {
-                out.push(candidate.fence);
-            }
-            ControlFlow::<()>::Continue(())
-        };
-        match self.grid.as_ref().map(|grid| grid.lookup(p.x, p.y)) {
-            Some(Lookup::Candidates(listed)) => {
-                for candidate in listed.holding(p.x, p.y) {
-                    let _ = test(candidate);
+        let probe = point_probe(p);
+        for layer in [&self.small, &self.large] {
+            layer.each(p, &probe, layer.listed(p), |candidate| {
+                if self.covers(candidate, p) {
+                    out.push(candidate.fence);
                 }
-            }
-            // Internal iteration: no traversal stack to allocate per query.
-            Some(Lookup::Crowded) | None => {
-                let _ = self
-                    .tree
-                    .locate_in_envelope_intersecting_int(&probe, |e| test(&e.data));
-            }
+            });
         }
-        let _ = self
-            .large
-            .locate_in_envelope_intersecting_int(&probe, |e| test(&e.data));
         if out.len() > 1 {
             out.sort_unstable();
             out.dedup();
+        }
+    }
+
+    /// Every point's covering fences, the same as [`Self::containing`]
+    /// gives, into `into` (point `i`'s at [`Coverings::of`]`(i)`).
+    ///
+    /// Why a batch: one point's query is a chain of dependent loads (its
+    /// grid cell, that cell's listings, each candidate's cell bits), each
+    /// likely a cache miss at 10k fences, and its branches on what they
+    /// hold keep the CPU from starting the next point's chain early. A
+    /// batch walks a window of points through the chain a stage at a time,
+    /// prefetching every point's next line before it reads any, so the
+    /// misses of a window overlap instead of queueing.
+    pub fn containing_batch(&self, points: &[Coord<f64>], into: &mut Coverings) {
+        into.fences.clear();
+        into.ends.clear();
+        let mut windows = points.chunks(BATCH_WINDOW).peekable();
+        let layers = [&self.small, &self.large];
+        if let Some(first) = windows.peek() {
+            prefetch_cells(&layers, first);
+        }
+        while let Some(window) = windows.next() {
+            // Each point's listings in each layer (its grid cell prefetched
+            // a window ago); `None` asks the layer's tree.
+            let mut listed = [[None; BATCH_WINDOW]; 2];
+            for (layer, listed) in layers.iter().zip(&mut listed) {
+                for (slot, p) in listed.iter_mut().zip(window) {
+                    *slot = layer.listed(*p);
+                    if let Some(candidates) = slot {
+                        candidates.prefetch();
+                    }
+                }
+            }
+            // Each point's candidates, their cells on the way.
+            into.pending.clear();
+            for (i, p) in window.iter().enumerate() {
+                let probe = point_probe(*p);
+                for (layer, listed) in layers.iter().zip(&listed) {
+                    layer.each(*p, &probe, listed[i], |candidate| {
+                        if let Some(grid) = candidate.grid {
+                            self.cells.prefetch(grid.cell_index(*p));
+                        }
+                        into.pending.push(Pending {
+                            point: i,
+                            candidate: *candidate,
+                            cell: None,
+                        });
+                    });
+                }
+            }
+            // The cells, and the rings of those that cannot decide; the next
+            // window's grid cells meanwhile.
+            if let Some(next) = windows.peek() {
+                prefetch_cells(&layers, next);
+            }
+            for pending in &mut into.pending {
+                let candidate = &pending.candidate;
+                pending.cell = candidate
+                    .grid
+                    .map(|grid| self.cells.get(grid.cell_index(window[pending.point])));
+                if pending.cell.is_none_or(|cell| cell == Cell::Edge) && candidate.walk_len > 0 {
+                    prefetch_lines(self.flat_rings(candidate));
+                }
+            }
+            // The answers.
+            let mut pending = into.pending.iter().peekable();
+            for (i, p) in window.iter().enumerate() {
+                let start = into.fences.len();
+                while let Some(tested) = pending.next_if(|tested| tested.point == i) {
+                    if self.covers_in(&tested.candidate, tested.cell, *p) {
+                        into.fences.push(tested.candidate.fence);
+                    }
+                }
+                sort_dedup_from(&mut into.fences, start);
+                into.ends.push(into.fences.len());
+            }
         }
     }
 
@@ -223,7 +281,7 @@ impl FenceIndex {
                 [f32_down(west), f32_down(p.y - dlat)],
                 [f32_up(east), f32_up(p.y + dlat)],
             );
-            for tree in [&self.tree, &self.large] {
+            for tree in [&self.small.tree, &self.large.tree] {
                 out.extend(
                     tree.locate_in_envelope_intersecting(&probe)
                         .map(|e| e.data.fence),
@@ -247,21 +305,160 @@ impl FenceIndex {
     /// else its flat rings, else the part itself.
     #[inline]
     fn covers(&self, candidate: &Candidate, p: Coord<f64>) -> bool {
-        match candidate
+        let cell = candidate
             .grid
-            .map(|grid| self.cells.get(grid.cell_index(p)))
-        {
+            .map(|grid| self.cells.get(grid.cell_index(p)));
+        self.covers_in(candidate, cell, p)
+    }
+
+    /// [`Self::covers`] given the candidate's cell (`None`: no grid).
+    #[inline]
+    fn covers_in(&self, candidate: &Candidate, cell: Option<Cell>, p: Coord<f64>) -> bool {
+        match cell {
             Some(Cell::Inside) => true,
             Some(Cell::Outside) => false,
             Some(Cell::Edge) | None if candidate.walk_len > 0 => {
-                let start = candidate.walk_start as usize;
-                let rings = &self.flat[start..start + candidate.walk_len as usize];
-                walk_flat(rings, p) != Position::Outside
+                walk_flat(self.flat_rings(candidate), p) != Position::Outside
             }
             Some(Cell::Edge) | None => {
                 self.fences[candidate.fence as usize].parts[candidate.part as usize].covers(p)
             }
         }
+    }
+
+    /// A small part's rings in the flat arena (empty for other parts).
+    #[inline]
+    fn flat_rings(&self, candidate: &Candidate) -> &[Coord<f64>] {
+        let start = candidate.walk_start as usize;
+        &self.flat[start..start + candidate.walk_len as usize]
+    }
+}
+
+/// Parts in an R-tree, and by grid cell in front of it for point queries
+/// (see `grid.rs`); crowded cells fall back to the tree.
+#[derive(Debug)]
+struct Layer {
+    tree: RTree<Entry>,
+    grid: Option<CandidateGrid<Candidate>>,
+}
+
+impl Layer {
+    fn new(entries: Vec<Entry>) -> Self {
+        let listed: Vec<_> = entries
+            .iter()
+            .map(|e| {
+                let env = e.geom().envelope();
+                (env.lower(), env.upper(), e.data)
+            })
+            .collect();
+        Self {
+            grid: CandidateGrid::build(&listed),
+            tree: RTree::bulk_load(entries),
+        }
+    }
+
+    /// Starts loading the grid cell [`Self::listed`] will read for `p`.
+    fn prefetch(&self, p: Coord<f64>) {
+        if let Some(grid) = &self.grid {
+            grid.prefetch(p.x, p.y);
+        }
+    }
+
+    /// The listings whose envelopes may hold `p`; `None` when the tree
+    /// must answer (a crowded cell, or no grid).
+    fn listed(&self, p: Coord<f64>) -> Option<Candidates<'_, Candidate>> {
+        match self.grid.as_ref()?.lookup(p.x, p.y) {
+            Lookup::Candidates(candidates) => Some(candidates),
+            Lookup::Crowded => None,
+        }
+    }
+
+    /// Calls `f` with each part whose envelope holds `p`, from `listed` if
+    /// it is `Some`, else from the tree (`probe` is `p`'s box).
+    #[inline]
+    fn each(
+        &self,
+        p: Coord<f64>,
+        probe: &AABB<[f32; 2]>,
+        listed: Option<Candidates<'_, Candidate>>,
+        mut f: impl FnMut(&Candidate),
+    ) {
+        match listed {
+            Some(candidates) => candidates.holding(p.x, p.y).for_each(f),
+            // Internal iteration: no traversal stack to allocate per query.
+            None => {
+                let _ = self.tree.locate_in_envelope_intersecting_int(probe, |e| {
+                    f(&e.data);
+                    ControlFlow::<()>::Continue(())
+                });
+            }
+        }
+    }
+}
+
+/// Every point's covering fences from [`FenceIndex::containing_batch`],
+/// kept between batches so the hot path allocates only while it grows.
+#[derive(Debug, Default)]
+pub struct Coverings {
+    fences: Vec<FenceIdx>,
+    /// Point `i`'s fences end at `fences[ends[i]]`.
+    ends: Vec<usize>,
+    /// A window's candidates, by point, between the stages.
+    pending: Vec<Pending>,
+}
+
+/// A candidate met by point `point` of a window, and its cell once read.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    point: usize,
+    candidate: Candidate,
+    cell: Option<Cell>,
+}
+
+impl Coverings {
+    /// How many points the last batch held.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// The fences covering point `i` of the last batch, ascending and
+    /// without duplicates; panics past the batch, as a slice does.
+    pub fn of(&self, i: usize) -> &[FenceIdx] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        &self.fences[start..self.ends[i]]
+    }
+}
+
+/// Starts loading each layer's grid cell for each point.
+fn prefetch_cells(layers: &[&Layer], points: &[Coord<f64>]) {
+    for layer in layers {
+        for &p in points {
+            layer.prefetch(p);
+        }
+    }
+}
+
+/// The R-tree's box for a point: the f32 box around it.
+fn point_probe(p: Coord<f64>) -> AABB<[f32; 2]> {
+    AABB::from_corners([f32_down(p.x), f32_down(p.y)], [f32_up(p.x), f32_up(p.y)])
+}
+
+/// Sorts `fences[start..]` and drops its repeats.
+fn sort_dedup_from(fences: &mut Vec<FenceIdx>, start: usize) {
+    if fences.len() - start > 1 {
+        fences[start..].sort_unstable();
+        let mut kept = start + 1;
+        for i in start + 1..fences.len() {
+            if fences[i] != fences[kept - 1] {
+                fences[kept] = fences[i];
+                kept += 1;
+            }
+        }
+        fences.truncate(kept);
     }
 }
 

@@ -12,6 +12,7 @@ pub mod generate;
 mod grid;
 pub mod index;
 mod packed_cells;
+mod prefetch;
 pub mod probe;
 pub mod ring;
 pub mod shape;
@@ -25,4 +26,4 @@ pub use fences::{
     load_fences_with_warnings, parse_fences, parse_fences_with_warnings, read_fence_file,
     summarize,
 };
-pub use index::{FenceIdx, FenceIndex};
+pub use index::{Coverings, FenceIdx, FenceIndex};

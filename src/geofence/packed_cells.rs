@@ -7,6 +7,7 @@
 //! bytes and of the pages.
 
 use super::cell_grid::Cell;
+use super::prefetch::prefetch;
 
 /// Holds `len.div_ceil(4)` bytes: a byte is pushed with its first cell.
 #[derive(Debug, Default)]
@@ -32,6 +33,14 @@ impl PackedCells {
             }
             self.bytes[byte] |= (cell as u8) << shift;
             self.len += 1;
+        }
+    }
+
+    /// Starts loading the byte that holds the cell at `index`.
+    #[inline]
+    pub fn prefetch(&self, index: usize) {
+        if let Some(byte) = self.bytes.get(index / 4) {
+            prefetch(byte);
         }
     }
 
