@@ -10,18 +10,27 @@
 # "r<round> <build>:<benchmark> <M points/s>" and "r<round> shapely <M>",
 # then per-round ratios to Shapely as median [min–max].
 #
-#   cargo bench --bench geofence --no-run    # also exports the points
+#   cargo bench --bench geofence --no-run
 #   cp target/release/deps/geofence-<hash> /tmp/after
+#   /tmp/after --bench 'containment/rtree/10000$' --measurement-time 1   # exports the points
 #   benches/alternate_containment.sh 6 /tmp/before /tmp/after
 #
 # Run from the repository root, with Shapely 2 in .venv (see BENCHMARKS.md).
 set -euo pipefail
 rounds="$1"; shift
 builds=("$@")
+if [ -n "$(printf '%s\n' "${builds[@]##*/}" | sort | uniq -d)" ]; then
+  echo "the builds need different file names: they label the results" >&2
+  exit 2
+fi
+if [ ! -s target/geofence-bench/10000/points.f64 ]; then
+  echo "no exported points: run a build's containment bench once first (see above)" >&2
+  exit 2
+fi
 data=$(mktemp -d)
-trap 'rm -rf "$data"' EXIT
-ln -s "$PWD/target/geofence-bench/10000" "$data/10000"
 log=$(mktemp)
+trap 'rm -rf "$data" "$log"' EXIT
+ln -s "$PWD/target/geofence-bench/10000" "$data/10000"
 for r in $(seq 1 "$rounds"); do
   order=("${builds[@]}" shapely)
   if (( r % 2 == 0 )); then
@@ -34,7 +43,9 @@ for r in $(seq 1 "$rounds"); do
         python3 -c "import sys, json; print('r$r shapely', round(max(json.loads(l)['points_per_s'] for l in sys.stdin) / 1e6, 4))"
     else
       "$side" --bench 'containment/rtree(_batch)?/10000$' --measurement-time 3 --warm-up-time 1 2>&1 |
-        awk -v r="$r" -v b="${side##*/}" '/^containment\//{id=$1} /thrpt:/ && !/%/{print "r" r " " b ":" id " " $4}'
+        awk -v r="$r" -v b="${side##*/}" '/^containment\//{id=$1}
+          /thrpt:/ && !/%/ {if ($5 != "Melem/s") {print "unexpected unit: " $0 > "/dev/stderr"; exit 1}
+                            print "r" r " " b ":" id " " $4}'
     fi
   done
 done | tee "$log"
@@ -51,4 +62,3 @@ for name in names:
     print(f"{name}: {statistics.median(rates):.2f} M/s [{min(rates):.2f}-{max(rates):.2f}], "
           f"{statistics.median(ratios):.2f}x Shapely [{min(ratios):.2f}-{max(ratios):.2f}] over {len(ratios)} rounds")
 PY
-rm -f "$log"

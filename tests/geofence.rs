@@ -317,7 +317,7 @@ fn rtree_agrees_with_linear_scan_on_100k_points() {
     let idx = FenceIndex::new(fences);
     let mut rng = SplitMix64::new(7);
     let points: Vec<Coord<f64>> = (0..100_000).map(|_| area.random_point(&mut rng)).collect();
-    let hits = agree_with_linear_scan(&idx, &points);
+    let (hits, _) = agree_with_linear_scan(&idx, &points);
     assert!(
         hits > 20_000 && hits < 95_000,
         "both hits and misses: {hits}"
@@ -325,13 +325,14 @@ fn rtree_agrees_with_linear_scan_on_100k_points() {
 }
 
 /// Asserts that the point query and the batch give the linear scan's
-/// answer for every point; returns how many points some fence covers.
-fn agree_with_linear_scan(idx: &FenceIndex, points: &[Coord<f64>]) -> usize {
+/// answer for every point; returns how many points some fence covers and
+/// the most fences covering one point.
+fn agree_with_linear_scan(idx: &FenceIndex, points: &[Coord<f64>]) -> (usize, usize) {
     let (mut fast, mut slow) = (Vec::new(), Vec::new());
     let mut batch = Coverings::default();
     idx.containing_batch(points, &mut batch);
     assert_eq!(batch.len(), points.len());
-    let mut covered = 0;
+    let (mut covered, mut most) = (0, 0);
     for (i, p) in points.iter().enumerate() {
         idx.containing(*p, &mut fast);
         idx.containing_linear(*p, &mut slow);
@@ -342,12 +343,14 @@ fn agree_with_linear_scan(idx: &FenceIndex, points: &[Coord<f64>]) -> usize {
             "point {i} of the batch, at {p:?}"
         );
         covered += usize::from(!slow.is_empty());
+        most = most.max(slow.len());
     }
-    covered
+    (covered, most)
 }
 
 /// Batches of every length around the window's (16 points), one after
-/// another into the same `Coverings`: each answers for its own points.
+/// another into the same `Coverings`: each answers as the point query does
+/// (which the tests above hold to the linear scan).
 #[test]
 fn batches_of_any_length_answer_point_by_point() {
     let (fences, area) = random_fences(5, 500, 1, 2_000);
@@ -365,6 +368,10 @@ fn batches_of_any_length_answer_point_by_point() {
             assert_eq!(batch.of(i), one.as_slice(), "point {i} of {len}");
         }
     }
+    let empty = FenceIndex::new(Vec::new());
+    empty.containing_batch(&points, &mut batch);
+    assert_eq!(batch.len(), points.len());
+    assert!((0..points.len()).all(|i| batch.of(i).is_empty()));
 }
 
 /// Where the grids could slip: every vertex, points along every edge, and
@@ -395,7 +402,7 @@ fn boundary_probes_agree_with_linear_scan() {
             }
         }
     }
-    let covered = agree_with_linear_scan(&idx, &probes);
+    let (covered, _) = agree_with_linear_scan(&idx, &probes);
     assert!(
         covered > probes.len() / 2,
         "{covered} of {} probes covered",
@@ -437,16 +444,8 @@ fn crowded_spots_agree_with_linear_scan() {
             y: spot.y + rng.range(-0.02, 0.02),
         })
         .collect();
-    agree_with_linear_scan(&idx, &points);
-    let mut covering = Vec::new();
-    let most = points
-        .iter()
-        .map(|p| {
-            idx.containing(*p, &mut covering);
-            covering.len()
-        })
-        .max();
-    assert!(most > Some(48), "the stack overlaps deeply: {most:?}");
+    let (_, most) = agree_with_linear_scan(&idx, &points);
+    assert!(most > 48, "the stack overlaps deeply: {most}");
 }
 
 mod ring_position {

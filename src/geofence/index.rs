@@ -24,9 +24,8 @@
 
 use super::cell_grid::{Cell, CellGrid, GridRef, f32_down, f32_up};
 use super::fences::Fence;
-use super::grid::{CandidateGrid, Candidates, Lookup};
+use super::grid::{CandidateGrid, Candidates, Lookup, PointBox};
 use super::packed_cells::PackedCells;
-use super::prefetch::prefetch_lines;
 use super::ring::Position;
 use super::shape::{Part, walk_flat};
 use crate::model::FenceId;
@@ -35,6 +34,11 @@ use rstar::primitives::{GeomWithData, Rectangle};
 use rstar::{AABB, RTree, RTreeObject};
 use std::collections::HashMap;
 use std::ops::ControlFlow;
+
+mod batch;
+
+pub use batch::Coverings;
+use batch::sort_dedup_from;
 
 /// Index of a fence in [`FenceIndex::fences`].
 pub type FenceIdx = u32;
@@ -69,11 +73,6 @@ const FLAT_WALK_MAX: usize = 96;
 /// before the arena held two bits). At 32 the bench's 10k fences take
 /// 12.7 M cells (3.2 MB at two bits each), next to 6.3 MB of coordinates.
 const PART_CELLS_PER_EDGE: usize = 32;
-
-/// Points a batch carries through each stage together: enough loads in
-/// flight to hide a miss behind the others, few enough that a point's lines
-/// are still in cache when its next stage reads them.
-const BATCH_WINDOW: usize = 16;
 
 /// How many times the median envelope area makes a part "large".
 const LARGE_FACTOR: f64 = 64.0;
@@ -167,94 +166,15 @@ impl FenceIndex {
     /// without duplicates. Reusing `out` keeps the hot path allocation-free.
     pub fn containing(&self, p: Coord<f64>, out: &mut Vec<FenceIdx>) {
         out.clear();
-        let probe = point_probe(p);
-        for layer in [&self.small, &self.large] {
-            layer.each(p, &probe, layer.listed(p), |candidate| {
+        let point = PointBox::new(p.x, p.y);
+        for layer in self.layers() {
+            layer.each(&point, layer.listed(p), |candidate| {
                 if self.covers(candidate, p) {
                     out.push(candidate.fence);
                 }
             });
         }
-        if out.len() > 1 {
-            out.sort_unstable();
-            out.dedup();
-        }
-    }
-
-    /// Every point's covering fences, the same as [`Self::containing`]
-    /// gives, into `into` (point `i`'s at [`Coverings::of`]`(i)`).
-    ///
-    /// Why a batch: one point's query is a chain of dependent loads (its
-    /// grid cell, that cell's listings, each candidate's cell bits), each
-    /// likely a cache miss at 10k fences, and its branches on what they
-    /// hold keep the CPU from starting the next point's chain early. A
-    /// batch walks a window of points through the chain a stage at a time,
-    /// prefetching every point's next line before it reads any, so the
-    /// misses of a window overlap instead of queueing.
-    pub fn containing_batch(&self, points: &[Coord<f64>], into: &mut Coverings) {
-        into.fences.clear();
-        into.ends.clear();
-        let mut windows = points.chunks(BATCH_WINDOW).peekable();
-        let layers = [&self.small, &self.large];
-        if let Some(first) = windows.peek() {
-            prefetch_cells(&layers, first);
-        }
-        while let Some(window) = windows.next() {
-            // Each point's listings in each layer (its grid cell prefetched
-            // a window ago); `None` asks the layer's tree.
-            let mut listed = [[None; BATCH_WINDOW]; 2];
-            for (layer, listed) in layers.iter().zip(&mut listed) {
-                for (slot, p) in listed.iter_mut().zip(window) {
-                    *slot = layer.listed(*p);
-                    if let Some(candidates) = slot {
-                        candidates.prefetch();
-                    }
-                }
-            }
-            // Each point's candidates, their cells on the way.
-            into.pending.clear();
-            for (i, p) in window.iter().enumerate() {
-                let probe = point_probe(*p);
-                for (layer, listed) in layers.iter().zip(&listed) {
-                    layer.each(*p, &probe, listed[i], |candidate| {
-                        if let Some(grid) = candidate.grid {
-                            self.cells.prefetch(grid.cell_index(*p));
-                        }
-                        into.pending.push(Pending {
-                            point: i,
-                            candidate: *candidate,
-                            cell: None,
-                        });
-                    });
-                }
-            }
-            // The cells, and the rings of those that cannot decide; the next
-            // window's grid cells meanwhile.
-            if let Some(next) = windows.peek() {
-                prefetch_cells(&layers, next);
-            }
-            for pending in &mut into.pending {
-                let candidate = &pending.candidate;
-                pending.cell = candidate
-                    .grid
-                    .map(|grid| self.cells.get(grid.cell_index(window[pending.point])));
-                if pending.cell.is_none_or(|cell| cell == Cell::Edge) && candidate.walk_len > 0 {
-                    prefetch_lines(self.flat_rings(candidate));
-                }
-            }
-            // The answers.
-            let mut pending = into.pending.iter().peekable();
-            for (i, p) in window.iter().enumerate() {
-                let start = into.fences.len();
-                while let Some(tested) = pending.next_if(|tested| tested.point == i) {
-                    if self.covers_in(&tested.candidate, tested.cell, *p) {
-                        into.fences.push(tested.candidate.fence);
-                    }
-                }
-                sort_dedup_from(&mut into.fences, start);
-                into.ends.push(into.fences.len());
-            }
-        }
+        sort_dedup_from(out, 0);
     }
 
     /// Appends to `out` (unsorted, possibly repeated) every fence with a
@@ -301,6 +221,11 @@ impl FenceIndex {
         }
     }
 
+    /// The small parts' layer, then the large parts'.
+    fn layers(&self) -> [&Layer; LAYERS] {
+        [&self.small, &self.large]
+    }
+
     /// Whether the candidate's part covers `p`: its cell if that decides,
     /// else its flat rings, else the part itself.
     #[inline]
@@ -333,6 +258,9 @@ impl FenceIndex {
         &self.flat[start..start + candidate.walk_len as usize]
     }
 }
+
+/// How many layers an index has: small parts and large ones.
+const LAYERS: usize = 2;
 
 /// Parts in an R-tree, and by grid cell in front of it for point queries
 /// (see `grid.rs`); crowded cells fall back to the tree.
@@ -373,92 +301,26 @@ impl Layer {
         }
     }
 
-    /// Calls `f` with each part whose envelope holds `p`, from `listed` if
-    /// it is `Some`, else from the tree (`probe` is `p`'s box).
+    /// Calls `f` with each part whose envelope holds `point`, from
+    /// `listed` if it is `Some`, else from the tree.
     #[inline]
     fn each(
         &self,
-        p: Coord<f64>,
-        probe: &AABB<[f32; 2]>,
+        point: &PointBox,
         listed: Option<Candidates<'_, Candidate>>,
         mut f: impl FnMut(&Candidate),
     ) {
         match listed {
-            Some(candidates) => candidates.holding(p.x, p.y).for_each(f),
+            Some(candidates) => candidates.holding(point).for_each(f),
             // Internal iteration: no traversal stack to allocate per query.
             None => {
-                let _ = self.tree.locate_in_envelope_intersecting_int(probe, |e| {
+                let probe = AABB::from_corners(point.down, point.up);
+                let _ = self.tree.locate_in_envelope_intersecting_int(&probe, |e| {
                     f(&e.data);
                     ControlFlow::<()>::Continue(())
                 });
             }
         }
-    }
-}
-
-/// Every point's covering fences from [`FenceIndex::containing_batch`],
-/// kept between batches so the hot path allocates only while it grows.
-#[derive(Debug, Default)]
-pub struct Coverings {
-    fences: Vec<FenceIdx>,
-    /// Point `i`'s fences end at `fences[ends[i]]`.
-    ends: Vec<usize>,
-    /// A window's candidates, by point, between the stages.
-    pending: Vec<Pending>,
-}
-
-/// A candidate met by point `point` of a window, and its cell once read.
-#[derive(Debug, Clone, Copy)]
-struct Pending {
-    point: usize,
-    candidate: Candidate,
-    cell: Option<Cell>,
-}
-
-impl Coverings {
-    /// How many points the last batch held.
-    pub fn len(&self) -> usize {
-        self.ends.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ends.is_empty()
-    }
-
-    /// The fences covering point `i` of the last batch, ascending and
-    /// without duplicates; panics past the batch, as a slice does.
-    pub fn of(&self, i: usize) -> &[FenceIdx] {
-        let start = if i == 0 { 0 } else { self.ends[i - 1] };
-        &self.fences[start..self.ends[i]]
-    }
-}
-
-/// Starts loading each layer's grid cell for each point.
-fn prefetch_cells(layers: &[&Layer], points: &[Coord<f64>]) {
-    for layer in layers {
-        for &p in points {
-            layer.prefetch(p);
-        }
-    }
-}
-
-/// The R-tree's box for a point: the f32 box around it.
-fn point_probe(p: Coord<f64>) -> AABB<[f32; 2]> {
-    AABB::from_corners([f32_down(p.x), f32_down(p.y)], [f32_up(p.x), f32_up(p.y)])
-}
-
-/// Sorts `fences[start..]` and drops its repeats.
-fn sort_dedup_from(fences: &mut Vec<FenceIdx>, start: usize) {
-    if fences.len() - start > 1 {
-        fences[start..].sort_unstable();
-        let mut kept = start + 1;
-        for i in start + 1..fences.len() {
-            if fences[i] != fences[kept - 1] {
-                fences[kept] = fences[i];
-                kept += 1;
-            }
-        }
-        fences.truncate(kept);
     }
 }
 
