@@ -313,15 +313,28 @@ fn idle_vehicles_expire_and_reload_keeps_surviving_memberships() {
 
 #[test]
 fn rtree_agrees_with_linear_scan_on_100k_points() {
-    let (fences, area) = random_fences(42, 2_000, 3, 12_000);
-    let idx = FenceIndex::new(fences);
-    let mut rng = SplitMix64::new(7);
-    let points: Vec<Coord<f64>> = (0..100_000).map(|_| area.random_point(&mut rng)).collect();
+    let (idx, points) = random_index_and_points(42, 2_000, 3, 12_000, 7, 100_000);
     let (hits, _) = agree_with_linear_scan(&idx, &points);
     assert!(
         hits > 20_000 && hits < 95_000,
         "both hits and misses: {hits}"
     );
+}
+
+/// An index of `random_fences(seed, n, big, big_vertices)` and `count`
+/// points drawn over its area from `point_seed`.
+fn random_index_and_points(
+    seed: u64,
+    n: usize,
+    big: usize,
+    big_vertices: usize,
+    point_seed: u64,
+    count: usize,
+) -> (FenceIndex, Vec<Coord<f64>>) {
+    let (fences, area) = random_fences(seed, n, big, big_vertices);
+    let mut rng = SplitMix64::new(point_seed);
+    let points = (0..count).map(|_| area.random_point(&mut rng)).collect();
+    (FenceIndex::new(fences), points)
 }
 
 /// Asserts that the point query and the batch give the linear scan's
@@ -353,10 +366,7 @@ fn agree_with_linear_scan(idx: &FenceIndex, points: &[Coord<f64>]) -> (usize, us
 /// (which the tests above hold to the linear scan).
 #[test]
 fn batches_of_any_length_answer_point_by_point() {
-    let (fences, area) = random_fences(5, 500, 1, 2_000);
-    let idx = FenceIndex::new(fences);
-    let mut rng = SplitMix64::new(11);
-    let points: Vec<Coord<f64>> = (0..200).map(|_| area.random_point(&mut rng)).collect();
+    let (idx, points) = random_index_and_points(5, 500, 1, 2_000, 11, 200);
     let mut batch = Coverings::default();
     let mut one = Vec::new();
     for len in [0, 1, 2, 15, 16, 17, 31, 32, 33, 200, 0] {

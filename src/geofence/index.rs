@@ -201,9 +201,11 @@ impl FenceIndex {
                 [f32_down(west), f32_down(p.y - dlat)],
                 [f32_up(east), f32_up(p.y + dlat)],
             );
-            for tree in [&self.small.tree, &self.large.tree] {
+            for layer in self.layers() {
                 out.extend(
-                    tree.locate_in_envelope_intersecting(&probe)
+                    layer
+                        .tree
+                        .locate_in_envelope_intersecting(&probe)
                         .map(|e| e.data.fence),
                 );
             }

@@ -13,8 +13,8 @@ pub fn prefetch<T>(value: &T) {
 fn prefetch_address(address: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch reads nothing architecturally and cannot fault,
-    // whatever the address (callers pass addresses within or just past a
-    // live slice); the SSE it needs is part of the x86_64 baseline.
+    // whatever the address (callers pass addresses within a live value or
+    // slice); the SSE it needs is part of the x86_64 baseline.
     unsafe {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
         _mm_prefetch::<_MM_HINT_T0>(address.cast());
