@@ -9,7 +9,8 @@
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use geo::Coord;
 use geogate::geofence::generate::{SplitMix64, random_fences, to_geojson};
-use geogate::geofence::{Coverings, FenceIndex};
+use geogate::geofence::{Coverings, Evaluator, EvaluatorSettings, FenceIndex, Fix};
+use geogate::model::VehicleId;
 use std::hint::black_box;
 use std::io::Write;
 use std::path::PathBuf;
@@ -99,5 +100,74 @@ fn evaluation(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, evaluation);
+/// The shard worker's evaluation at 10k fences, state and all: 10,000
+/// fixes of 1,000 vehicles in batches of 256 (the worker's largest), fix
+/// by fix through the point query against each batch's fences looked up
+/// together (what the worker does). Why: the batch query's gain measured
+/// alone could vanish between the state updates of a real evaluation.
+fn evaluator(c: &mut Criterion) {
+    const BATCH: usize = 256;
+    let mut group = c.benchmark_group("evaluator");
+    group.throughput(Throughput::Elements(POINTS as u64));
+    let n = 10_000;
+    let (fences, area) = random_fences(n as u64, n, big_polygons(), 10_000);
+    let index = std::sync::Arc::new(FenceIndex::new(fences));
+    let mut rng = SplitMix64::new(1);
+    let vehicles: Vec<VehicleId> = (0..1_000)
+        .map(|v| VehicleId::from(format!("v{v}")))
+        .collect();
+    let fixes: Vec<(usize, i64, Coord<f64>)> = (0..POINTS)
+        .map(|i| {
+            (
+                i % vehicles.len(),
+                1_800_000_000_000 + i as i64,
+                area.random_point(&mut rng),
+            )
+        })
+        .collect();
+    let fresh = || Evaluator::new(index.clone(), EvaluatorSettings::default());
+    group.bench_function(BenchmarkId::new("per_fix", n), |b| {
+        let mut out = Vec::new();
+        b.iter_batched_ref(
+            fresh,
+            |evaluator| {
+                for batch in fixes.chunks(BATCH) {
+                    out.clear();
+                    for &(v, t, p) in batch {
+                        evaluator.evaluate_delivery(&vehicles[v], t, p.y, p.x, false, &mut out);
+                    }
+                }
+                evaluator.stats().evaluated
+            },
+            criterion::BatchSize::LargeInput,
+        )
+    });
+    group.bench_function(BenchmarkId::new("batch_covered", n), |b| {
+        let mut out = Vec::new();
+        b.iter_batched_ref(
+            fresh,
+            |evaluator| {
+                for batch in fixes.chunks(BATCH) {
+                    out.clear();
+                    evaluator.cover_batch(batch.iter().map(|&(_, _, p)| (p.y, p.x)));
+                    for (i, &(v, t, p)) in batch.iter().enumerate() {
+                        let fix = Fix {
+                            vehicle: &vehicles[v],
+                            fix_ms: t,
+                            lat: p.y,
+                            lon: p.x,
+                            redelivered: false,
+                        };
+                        evaluator.evaluate_covered(i, fix, &mut out);
+                    }
+                }
+                evaluator.stats().evaluated
+            },
+            criterion::BatchSize::LargeInput,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(benches, evaluation, evaluator);
 criterion_main!(benches);

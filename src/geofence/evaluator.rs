@@ -22,7 +22,7 @@
 //! forgotten silently (counted): its next fix starts from no membership.
 
 use super::fences::Fence;
-use super::index::{FenceIdx, FenceIndex};
+use super::index::{Coverings, FenceIdx, FenceIndex};
 use crate::model::{FenceId, VehicleId};
 use geo::Coord;
 use serde::Serialize;
@@ -134,6 +134,27 @@ struct VehicleState {
     changed: bool,
 }
 
+/// One fix to evaluate. `redelivered` is the broker's duplicate flag,
+/// which tells an already-applied fix from an out-of-order one.
+#[derive(Debug, Clone, Copy)]
+pub struct Fix<'a> {
+    pub vehicle: &'a VehicleId,
+    pub fix_ms: i64,
+    pub lat: f64,
+    pub lon: f64,
+    pub redelivered: bool,
+}
+
+impl Fix<'_> {
+    /// The fix as the index takes it: (lon, lat).
+    fn point(&self) -> Coord<f64> {
+        Coord {
+            x: self.lon,
+            y: self.lat,
+        }
+    }
+}
+
 /// One vehicle's state with fence ids in place of index positions: what a
 /// state store keeps, valid across fence reloads and restarts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -156,6 +177,10 @@ pub struct Evaluator {
     newest_fix_ms: i64,
     /// Scratch buffer for covering fences, reused across fixes.
     covering: Vec<FenceIdx>,
+    /// The points of the batch given to [`Self::cover_batch`], and the
+    /// fences covering each.
+    batch_points: Vec<Coord<f64>>,
+    batch_coverings: Coverings,
     /// Vehicles whose state changed (or that expired) since the last
     /// [`Self::take_changed`]: what the next state commit must write.
     changed: Vec<VehicleId>,
@@ -173,6 +198,8 @@ impl Evaluator {
             stats: EvaluatorStats::default(),
             newest_fix_ms: i64::MIN,
             covering: Vec::new(),
+            batch_points: Vec::new(),
+            batch_coverings: Coverings::default(),
             changed: Vec::new(),
             track_changes: false,
         }
@@ -233,6 +260,61 @@ impl Evaluator {
         redelivered: bool,
         out: &mut Vec<Transition>,
     ) -> FixOutcome {
+        let fix = Fix {
+            vehicle,
+            fix_ms,
+            lat,
+            lon,
+            redelivered,
+        };
+        self.apply(fix, None, out)
+    }
+
+    /// Looks up the fences covering each of `points` (lat, lon) together,
+    /// for [`Self::evaluate_covered`]: a batch overlaps the cache misses of
+    /// its points' lookups, which one fix at a time queue one behind the
+    /// other (see [`FenceIndex::containing_batch`]). The lookup of a fix
+    /// that then proves out of order or a duplicate is wasted.
+    pub fn cover_batch(&mut self, points: impl IntoIterator<Item = (f64, f64)>) {
+        self.batch_points.clear();
+        self.batch_points.extend(
+            points
+                .into_iter()
+                .map(|(lat, lon)| Coord { x: lon, y: lat }),
+        );
+        self.index
+            .containing_batch(&self.batch_points, &mut self.batch_coverings);
+    }
+
+    /// [`Self::evaluate_delivery`], reading the fix's covering fences from
+    /// point `i` of the last [`Self::cover_batch`] when that point is this
+    /// fix's (else it looks them up now, as after a [`Self::swap_index`],
+    /// which drops the batch): the same outcome and transitions either way.
+    pub fn evaluate_covered(
+        &mut self,
+        i: usize,
+        fix: Fix<'_>,
+        out: &mut Vec<Transition>,
+    ) -> FixOutcome {
+        let batch = (self.batch_points.get(i) == Some(&fix.point())).then_some(i);
+        self.apply(fix, batch, out)
+    }
+
+    /// One fix, its covering fences looked up now (`batch` `None`) or read
+    /// from point `batch` of the last [`Self::cover_batch`].
+    fn apply(
+        &mut self,
+        fix: Fix<'_>,
+        batch: Option<usize>,
+        out: &mut Vec<Transition>,
+    ) -> FixOutcome {
+        let p = fix.point();
+        let Fix {
+            vehicle,
+            fix_ms,
+            redelivered,
+            ..
+        } = fix;
         // Look up before inserting: a known vehicle (the common case) costs
         // no clone of its id (a heap share for ids past 23 bytes).
         if !self.vehicles.contains_key(vehicle) {
@@ -259,12 +341,16 @@ impl Evaluator {
             state.changed = true;
             self.changed.push(vehicle.clone());
         }
-        let p = Coord { x: lon, y: lat };
         let index: &FenceIndex = &self.index;
         let settings = &self.settings;
         let stats = &mut self.stats;
-        let covering = &mut self.covering;
-        index.containing(p, covering);
+        let covering: &[FenceIdx] = match batch {
+            Some(i) => self.batch_coverings.of(i),
+            None => {
+                index.containing(p, &mut self.covering);
+                &self.covering
+            }
+        };
         let clear_of_boundary = |f: FenceIdx| settings.clear_of_boundary(index.fence(f), p);
         let transition = |f: FenceIdx, event| Transition {
             vehicle: vehicle.clone(),
@@ -397,6 +483,8 @@ impl Evaluator {
     /// for fence ids present in both; the rest are dropped without events.
     pub fn swap_index(&mut self, new: Arc<FenceIndex>) {
         let old = std::mem::replace(&mut self.index, new);
+        // The batch's coverings name the old index's fences.
+        self.batch_points.clear();
         let remap = |f: FenceIdx| self.index.find(&old.fence(f).id);
         for (id, state) in self.vehicles.iter_mut() {
             let (members, pending) = (state.members.len(), state.pending.len());

@@ -18,7 +18,7 @@ pub mod ring;
 pub mod shape;
 
 pub use evaluator::{
-    Evaluator, EvaluatorSettings, EvaluatorStats, FixOutcome, Transition, TransitionKind,
+    Evaluator, EvaluatorSettings, EvaluatorStats, Fix, FixOutcome, Transition, TransitionKind,
     VehicleSnapshot,
 };
 pub use fences::{

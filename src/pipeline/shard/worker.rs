@@ -9,7 +9,7 @@
 //! (`state::shared`); its messages are finished once Redis has it.
 
 use super::Admitted;
-use crate::geofence::{Evaluator, FenceIndex, FixOutcome, TransitionKind, VehicleSnapshot};
+use crate::geofence::{Evaluator, FenceIndex, Fix, FixOutcome, TransitionKind, VehicleSnapshot};
 use crate::metrics::SAMPLE_EVERY;
 use crate::model::VehicleId;
 use crate::sink::health::wait_deadline;
@@ -83,10 +83,32 @@ pub async fn worker(
         finished.messages.reserve_exact(received);
         let mut transitions = Vec::new();
         let mut past_deadline = false;
+        // A reload takes effect between batches: the batch's fences are
+        // looked up together, against one index.
+        if ctx.fences.has_changed().unwrap_or(false) {
+            let index = ctx.fences.borrow_and_update().clone();
+            if let BatchSink::Shared(applier) = &mut ctx.sink {
+                applier.swap_index(index.clone());
+            }
+            evaluator.swap_index(index);
+        }
+        // What looking up the batch's fences took, spread over its fixes,
+        // for the sampled evaluation times; timed only when one of them
+        // will be sampled.
+        let mut lookup_share = Duration::ZERO;
+        if let BatchSink::Commit(_) = &ctx.sink {
+            let sampled =
+                evaluations.next_multiple_of(SAMPLE_EVERY) < evaluations + received as u64;
+            let started = sampled.then(Instant::now);
+            evaluator.cover_batch(batch.iter().map(|item| (item.lat, item.lon)));
+            if let Some(started) = started {
+                lookup_share = started.elapsed() / received as u32;
+            }
+        }
         // Read under the watch's lock once per batch, and again only when
         // it changes (a lock-free check): every worker shares that lock.
         let mut deadline = *ctx.deadline.borrow();
-        for item in batch.drain(..) {
+        for (i, item) in batch.drain(..).enumerate() {
             if ctx.deadline.has_changed().unwrap_or(false) {
                 deadline = *ctx.deadline.borrow_and_update();
             }
@@ -94,13 +116,6 @@ pub async fn worker(
                 // Past the drain deadline: what is left stays unacked.
                 past_deadline = true;
                 break;
-            }
-            if ctx.fences.has_changed().unwrap_or(false) {
-                let index = ctx.fences.borrow_and_update().clone();
-                if let BatchSink::Shared(applier) = &mut ctx.sink {
-                    applier.swap_index(index.clone());
-                }
-                evaluator.swap_index(index);
             }
             if let Some(pace) = pace {
                 let now = Instant::now();
@@ -123,16 +138,16 @@ pub async fn worker(
             let before = transitions.len();
             let timed = evaluations.is_multiple_of(SAMPLE_EVERY).then(Instant::now);
             evaluations += 1;
-            let outcome = evaluator.evaluate_delivery(
-                &item.vehicle,
-                item.fix_ms,
-                item.lat,
-                item.lon,
-                item.redelivered,
-                &mut transitions,
-            );
+            let fix = Fix {
+                vehicle: &item.vehicle,
+                fix_ms: item.fix_ms,
+                lat: item.lat,
+                lon: item.lon,
+                redelivered: item.redelivered,
+            };
+            let outcome = evaluator.evaluate_covered(i, fix, &mut transitions);
             if let Some(started) = timed {
-                eval_time.record(started.elapsed().as_secs_f64());
+                eval_time.record((started.elapsed() + lookup_share).as_secs_f64());
             }
             for t in &transitions[before..] {
                 transitions_metric[t.event as usize].increment(1);
