@@ -100,7 +100,8 @@ fn evaluation(c: &mut Criterion) {
     group.finish();
 }
 
-/// The shard worker's evaluation at 10k fences, state and all: 10,000
+/// The shard worker's evaluation, state and all, at 10k fences (with the
+/// big polygons) and at 100 (without: an index that stays in cache): 10,000
 /// fixes of 1,000 vehicles in batches of 256 (the worker's largest), fix
 /// by fix through the point query against each batch's fences looked up
 /// together (what the worker does). Why: the batch query's gain measured
@@ -109,63 +110,64 @@ fn evaluator(c: &mut Criterion) {
     const BATCH: usize = 256;
     let mut group = c.benchmark_group("evaluator");
     group.throughput(Throughput::Elements(POINTS as u64));
-    let n = 10_000;
-    let (fences, area) = random_fences(n as u64, n, big_polygons(), 10_000);
-    let index = std::sync::Arc::new(FenceIndex::new(fences));
-    let mut rng = SplitMix64::new(1);
-    let vehicles: Vec<VehicleId> = (0..1_000)
-        .map(|v| VehicleId::from(format!("v{v}")))
-        .collect();
-    let fixes: Vec<(usize, i64, Coord<f64>)> = (0..POINTS)
-        .map(|i| {
-            (
-                i % vehicles.len(),
-                1_800_000_000_000 + i as i64,
-                area.random_point(&mut rng),
+    for (n, big) in [(100, 0), (10_000, big_polygons())] {
+        let (fences, area) = random_fences(n as u64, n, big, 10_000);
+        let index = std::sync::Arc::new(FenceIndex::new(fences));
+        let mut rng = SplitMix64::new(1);
+        let vehicles: Vec<VehicleId> = (0..1_000)
+            .map(|v| VehicleId::from(format!("v{v}")))
+            .collect();
+        let fixes: Vec<(usize, i64, Coord<f64>)> = (0..POINTS)
+            .map(|i| {
+                (
+                    i % vehicles.len(),
+                    1_800_000_000_000 + i as i64,
+                    area.random_point(&mut rng),
+                )
+            })
+            .collect();
+        let fresh = || Evaluator::new(index.clone(), EvaluatorSettings::default());
+        group.bench_function(BenchmarkId::new("per_fix", n), |b| {
+            let mut out = Vec::new();
+            b.iter_batched_ref(
+                fresh,
+                |evaluator| {
+                    for batch in fixes.chunks(BATCH) {
+                        out.clear();
+                        for &(v, t, p) in batch {
+                            evaluator.evaluate_delivery(&vehicles[v], t, p.y, p.x, false, &mut out);
+                        }
+                    }
+                    evaluator.stats().evaluated
+                },
+                criterion::BatchSize::LargeInput,
             )
-        })
-        .collect();
-    let fresh = || Evaluator::new(index.clone(), EvaluatorSettings::default());
-    group.bench_function(BenchmarkId::new("per_fix", n), |b| {
-        let mut out = Vec::new();
-        b.iter_batched_ref(
-            fresh,
-            |evaluator| {
-                for batch in fixes.chunks(BATCH) {
-                    out.clear();
-                    for &(v, t, p) in batch {
-                        evaluator.evaluate_delivery(&vehicles[v], t, p.y, p.x, false, &mut out);
+        });
+        group.bench_function(BenchmarkId::new("batch_covered", n), |b| {
+            let mut out = Vec::new();
+            b.iter_batched_ref(
+                fresh,
+                |evaluator| {
+                    for batch in fixes.chunks(BATCH) {
+                        out.clear();
+                        evaluator.cover_batch(batch.iter().map(|&(_, _, p)| (p.y, p.x)));
+                        for (i, &(v, t, p)) in batch.iter().enumerate() {
+                            let fix = Fix {
+                                vehicle: &vehicles[v],
+                                fix_ms: t,
+                                lat: p.y,
+                                lon: p.x,
+                                redelivered: false,
+                            };
+                            evaluator.evaluate_covered(i, fix, &mut out);
+                        }
                     }
-                }
-                evaluator.stats().evaluated
-            },
-            criterion::BatchSize::LargeInput,
-        )
-    });
-    group.bench_function(BenchmarkId::new("batch_covered", n), |b| {
-        let mut out = Vec::new();
-        b.iter_batched_ref(
-            fresh,
-            |evaluator| {
-                for batch in fixes.chunks(BATCH) {
-                    out.clear();
-                    evaluator.cover_batch(batch.iter().map(|&(_, _, p)| (p.y, p.x)));
-                    for (i, &(v, t, p)) in batch.iter().enumerate() {
-                        let fix = Fix {
-                            vehicle: &vehicles[v],
-                            fix_ms: t,
-                            lat: p.y,
-                            lon: p.x,
-                            redelivered: false,
-                        };
-                        evaluator.evaluate_covered(i, fix, &mut out);
-                    }
-                }
-                evaluator.stats().evaluated
-            },
-            criterion::BatchSize::LargeInput,
-        )
-    });
+                    evaluator.stats().evaluated
+                },
+                criterion::BatchSize::LargeInput,
+            )
+        });
+    }
     group.finish();
 }
 

@@ -384,6 +384,17 @@ fn batches_of_any_length_answer_point_by_point() {
     assert!((0..points.len()).all(|i| batch.of(i).is_empty()));
 }
 
+/// Batches pay only where the index outgrows the cache: 100 city blocks
+/// stay point by point, 2,000 with three 12k-vertex polygons go by batch.
+#[test]
+fn only_an_index_past_the_cache_prefers_batches() {
+    let (small, _) = random_index_and_points(5, 100, 0, 0, 1, 0);
+    let (large, _) = random_index_and_points(42, 2_000, 3, 12_000, 1, 0);
+    assert!(!small.prefers_batches());
+    assert!(large.prefers_batches());
+    assert!(!FenceIndex::new(Vec::new()).prefers_batches());
+}
+
 /// Where the grids could slip: every vertex, points along every edge, and
 /// points a hair off each side of the edges and outside the boxes. The
 /// index (part cells, flat walks, slabs) must answer as the linear scan.

@@ -397,3 +397,45 @@ fn decode_lanes_keep_each_vehicles_order_and_change_no_transition() {
     assert!(one.len() > 100, "the fleet makes transitions");
     assert_eq!(run(8), one);
 }
+
+/// The worker looks up a batch's fences together once the index outgrows
+/// the cache (`FenceIndex::prefers_batches`), and fix by fix below that.
+/// The fleet's four fences alone take the per-fix path; padded with 2,000
+/// generated fences and three 12k-vertex polygons far from the fleet's
+/// street, the batch path. Both must write the same transitions.
+#[test]
+fn a_large_fence_set_looked_up_in_batches_changes_no_transition() {
+    use geogate::geofence::generate::{random_fences, to_geojson};
+    use geogate::geofence::{FenceIndex, parse_fences};
+    use support::fleet::{FENCES, FIXES, VEHICLES, fleet, multiset};
+    let _serial = support::geogate::exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let mut padded: serde_json::Value = serde_json::from_str(FENCES).unwrap();
+    let (far, _) = random_fences(42, 2_000, 3, 12_000);
+    let far = to_geojson(&far);
+    let features = padded["features"].as_array_mut().unwrap();
+    features.extend(far["features"].as_array().unwrap().iter().cloned());
+    let padded = padded.to_string();
+    let index = |text: &str| FenceIndex::new(parse_fences(text).unwrap());
+    assert!(!index(FENCES).prefers_batches());
+    assert!(index(&padded).prefers_batches());
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let run = |fences: &str, name: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("fences.geojson"), fences).unwrap();
+        let mut geogate =
+            GeogateProcess::start(dir.path(), &support::geogate::setup(broker.port, name, ""));
+        runtime.block_on(publish_all(broker.port, &fleet(0..FIXES), None));
+        geogate.wait_processed((VEHICLES * FIXES) as f64, 60);
+        let (ok, stdout) = geogate.stop();
+        assert!(ok, "{stdout}");
+        let line = support::geogate::accounting_line(&stdout).to_owned();
+        assert!(line.ends_with("(balanced)"), "{name}: {line}");
+        multiset(&read_ndjson(&dir.path().join("events.ndjson")))
+    };
+    let per_fix = run(FENCES, "per-fix");
+    assert!(per_fix.len() > 100, "the fleet makes transitions");
+    assert_eq!(run(&padded, "batched"), per_fix);
+}

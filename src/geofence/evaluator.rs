@@ -267,6 +267,11 @@ impl Evaluator {
             lon,
             redelivered,
         };
+        self.evaluate_fix(fix, out)
+    }
+
+    /// [`Self::evaluate_delivery`], the fix given whole.
+    pub fn evaluate_fix(&mut self, fix: Fix<'_>, out: &mut Vec<Transition>) -> FixOutcome {
         self.apply(fix, None, out)
     }
 

@@ -96,7 +96,9 @@ pub async fn worker(
         // for the sampled evaluation times; timed only when one of them
         // will be sampled.
         let mut lookup_share = Duration::ZERO;
-        if let BatchSink::Commit(_) = &ctx.sink {
+        let batched =
+            matches!(ctx.sink, BatchSink::Commit(_)) && evaluator.index().prefers_batches();
+        if batched {
             let sampled =
                 evaluations.next_multiple_of(SAMPLE_EVERY) < evaluations + received as u64;
             let started = sampled.then(Instant::now);
@@ -145,7 +147,11 @@ pub async fn worker(
                 lon: item.lon,
                 redelivered: item.redelivered,
             };
-            let outcome = evaluator.evaluate_covered(i, fix, &mut transitions);
+            let outcome = if batched {
+                evaluator.evaluate_covered(i, fix, &mut transitions)
+            } else {
+                evaluator.evaluate_fix(fix, &mut transitions)
+            };
             if let Some(started) = timed {
                 eval_time.record((started.elapsed() + lookup_share).as_secs_f64());
             }
