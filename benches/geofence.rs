@@ -127,46 +127,38 @@ fn evaluator(c: &mut Criterion) {
             })
             .collect();
         let fresh = || Evaluator::new(index.clone(), EvaluatorSettings::default());
-        group.bench_function(BenchmarkId::new("per_fix", n), |b| {
-            let mut out = Vec::new();
-            b.iter_batched_ref(
-                fresh,
-                |evaluator| {
-                    for batch in fixes.chunks(BATCH) {
-                        out.clear();
-                        for &(v, t, p) in batch {
-                            evaluator.evaluate_delivery(&vehicles[v], t, p.y, p.x, false, &mut out);
+        for (name, batched) in [("per_fix", false), ("batch_covered", true)] {
+            group.bench_function(BenchmarkId::new(name, n), |b| {
+                let mut out = Vec::new();
+                b.iter_batched_ref(
+                    fresh,
+                    |evaluator| {
+                        for batch in fixes.chunks(BATCH) {
+                            out.clear();
+                            if batched {
+                                evaluator.cover_batch(batch.iter().map(|&(_, _, p)| (p.y, p.x)));
+                            }
+                            for (i, &(v, t, p)) in batch.iter().enumerate() {
+                                let fix = Fix {
+                                    vehicle: &vehicles[v],
+                                    fix_ms: t,
+                                    lat: p.y,
+                                    lon: p.x,
+                                    redelivered: false,
+                                };
+                                if batched {
+                                    evaluator.evaluate_covered(i, fix, &mut out);
+                                } else {
+                                    evaluator.evaluate_fix(fix, &mut out);
+                                }
+                            }
                         }
-                    }
-                    evaluator.stats().evaluated
-                },
-                criterion::BatchSize::LargeInput,
-            )
-        });
-        group.bench_function(BenchmarkId::new("batch_covered", n), |b| {
-            let mut out = Vec::new();
-            b.iter_batched_ref(
-                fresh,
-                |evaluator| {
-                    for batch in fixes.chunks(BATCH) {
-                        out.clear();
-                        evaluator.cover_batch(batch.iter().map(|&(_, _, p)| (p.y, p.x)));
-                        for (i, &(v, t, p)) in batch.iter().enumerate() {
-                            let fix = Fix {
-                                vehicle: &vehicles[v],
-                                fix_ms: t,
-                                lat: p.y,
-                                lon: p.x,
-                                redelivered: false,
-                            };
-                            evaluator.evaluate_covered(i, fix, &mut out);
-                        }
-                    }
-                    evaluator.stats().evaluated
-                },
-                criterion::BatchSize::LargeInput,
-            )
-        });
+                        evaluator.stats().evaluated
+                    },
+                    criterion::BatchSize::LargeInput,
+                )
+            });
+        }
     }
     group.finish();
 }

@@ -368,30 +368,50 @@ fn out_of_order_fixes_have_their_own_term() {
 /// The fleet published at full speed through 8 decode lanes and through 1:
 /// each vehicle's fixes still apply in order (none `out_of_order`), both
 /// accounts balance, and the transitions are the same, with the same ids.
+/// One live run of the whole fleet through `fences`, with `pipeline` added
+/// to the config: its transitions, after asserting a clean stop and a
+/// balanced account with no fix out of order.
+fn fleet_run(
+    broker_port: u16,
+    runtime: &tokio::runtime::Runtime,
+    fences: &str,
+    name: &str,
+    pipeline: &str,
+) -> support::fleet::Multiset {
+    use support::fleet::{FIXES, VEHICLES, fleet, multiset};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("fences.geojson"), fences).unwrap();
+    let mut geogate = GeogateProcess::start(
+        dir.path(),
+        &support::geogate::setup(broker_port, name, pipeline),
+    );
+    runtime.block_on(publish_all(broker_port, &fleet(0..FIXES), None));
+    geogate.wait_processed((VEHICLES * FIXES) as f64, 60);
+    let (ok, stdout) = geogate.stop();
+    assert!(ok, "{stdout}");
+    let line = support::geogate::accounting_line(&stdout).to_owned();
+    assert!(line.ends_with("(balanced)"), "{name}: {line}");
+    assert!(line.contains("out_of_order 0 "), "{name}: {line}");
+    multiset(&read_ndjson(&dir.path().join("events.ndjson")))
+}
+
 #[test]
 fn decode_lanes_keep_each_vehicles_order_and_change_no_transition() {
-    use support::fleet::{FENCES, FIXES, VEHICLES, fleet, multiset};
     let _serial = support::geogate::exclusive();
     let Some(broker) = support::Mosquitto::start() else {
         return;
     };
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let run = |lanes: usize| {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("fences.geojson"), FENCES).unwrap();
         let pipeline = format!("decode_lanes = {lanes}");
-        let mut geogate = GeogateProcess::start(
-            dir.path(),
-            &support::geogate::setup(broker.port, &format!("lanes-{lanes}"), &pipeline),
-        );
-        runtime.block_on(publish_all(broker.port, &fleet(0..FIXES), None));
-        geogate.wait_processed((VEHICLES * FIXES) as f64, 60);
-        let (ok, stdout) = geogate.stop();
-        assert!(ok, "{stdout}");
-        let line = support::geogate::accounting_line(&stdout).to_owned();
-        assert!(line.ends_with("(balanced)"), "{lanes} lanes: {line}");
-        assert!(line.contains("out_of_order 0 "), "{lanes} lanes: {line}");
-        multiset(&read_ndjson(&dir.path().join("events.ndjson")))
+        let name = format!("lanes-{lanes}");
+        fleet_run(
+            broker.port,
+            &runtime,
+            support::fleet::FENCES,
+            &name,
+            &pipeline,
+        )
     };
     let one = run(1);
     assert!(one.len() > 100, "the fleet makes transitions");
@@ -407,7 +427,7 @@ fn decode_lanes_keep_each_vehicles_order_and_change_no_transition() {
 fn a_large_fence_set_looked_up_in_batches_changes_no_transition() {
     use geogate::geofence::generate::{random_fences, to_geojson};
     use geogate::geofence::{FenceIndex, parse_fences};
-    use support::fleet::{FENCES, FIXES, VEHICLES, fleet, multiset};
+    use support::fleet::FENCES;
     let _serial = support::geogate::exclusive();
     let Some(broker) = support::Mosquitto::start() else {
         return;
@@ -422,20 +442,10 @@ fn a_large_fence_set_looked_up_in_batches_changes_no_transition() {
     assert!(!index(FENCES).prefers_batches());
     assert!(index(&padded).prefers_batches());
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let run = |fences: &str, name: &str| {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("fences.geojson"), fences).unwrap();
-        let mut geogate =
-            GeogateProcess::start(dir.path(), &support::geogate::setup(broker.port, name, ""));
-        runtime.block_on(publish_all(broker.port, &fleet(0..FIXES), None));
-        geogate.wait_processed((VEHICLES * FIXES) as f64, 60);
-        let (ok, stdout) = geogate.stop();
-        assert!(ok, "{stdout}");
-        let line = support::geogate::accounting_line(&stdout).to_owned();
-        assert!(line.ends_with("(balanced)"), "{name}: {line}");
-        multiset(&read_ndjson(&dir.path().join("events.ndjson")))
-    };
-    let per_fix = run(FENCES, "per-fix");
+    let per_fix = fleet_run(broker.port, &runtime, FENCES, "per-fix", "");
     assert!(per_fix.len() > 100, "the fleet makes transitions");
-    assert_eq!(run(&padded, "batched"), per_fix);
+    assert_eq!(
+        fleet_run(broker.port, &runtime, &padded, "batched", ""),
+        per_fix
+    );
 }
