@@ -153,7 +153,7 @@ fn describe() {
         "geogate_evaluation_duration_seconds",
         Unit::Seconds,
         format!(
-            "Time to evaluate one fix, sampled: every {SAMPLE_EVERY}th evaluation of each worker is timed (memory and embedded state), so the count is about 1/{SAMPLE_EVERY} of the fixes evaluated. A worker looks up a batch's fences together; each sample carries an equal share of that lookup."
+            "Time to evaluate one fix, sampled: every {SAMPLE_EVERY}th evaluation of each worker is timed (memory and embedded state), so the count is about 1/{SAMPLE_EVERY} of the fixes evaluated. Where a worker looks up a batch's fences together (a fence set past the cache), each sample carries an equal share of that lookup."
         )
     );
     describe_histogram!(

@@ -804,24 +804,23 @@ fn batch_covered_evaluation_matches_fix_by_fix() {
             one.swap_index(reloaded());
             batched.swap_index(reloaded());
         }
-        batched.cover_batch(batch.iter().map(|&(_, _, p, _)| (p.y, p.x)));
-        for (i, &(v, fix_ms, p, redelivered)) in batch.iter().enumerate() {
+        let fix = |&(v, fix_ms, p, redelivered): &(usize, i64, Coord<f64>, bool)| Fix {
+            vehicle: &vehicles[v],
+            fix_ms,
+            lat: p.y,
+            lon: p.x,
+            redelivered,
+        };
+        batched.cover_batch(batch.iter().map(fix));
+        for (i, f) in batch.iter().enumerate() {
             if batches == 12 && i == len / 2 {
                 one.swap_index(Arc::new(FenceIndex::new(random_fences(22, 300, 0, 0).0)));
                 batched.swap_index(Arc::new(FenceIndex::new(random_fences(22, 300, 0, 0).0)));
             }
-            let fix = Fix {
-                vehicle: &vehicles[v],
-                fix_ms,
-                lat: p.y,
-                lon: p.x,
-                redelivered,
-            };
             let position = if i % 97 == 5 { i + 1 } else { i };
-            let expected =
-                one.evaluate_delivery(fix.vehicle, fix_ms, p.y, p.x, redelivered, &mut out_one);
-            let got = batched.evaluate_covered(position, fix, &mut out_batched);
-            assert_eq!(got, expected, "fix {} ({v} at {fix_ms})", start + i);
+            let expected = one.evaluate_fix(fix(f), &mut out_one);
+            let got = batched.evaluate_covered(position, fix(f), &mut out_batched);
+            assert_eq!(got, expected, "fix {} ({f:?})", start + i);
         }
         assert!(
             out_batched == out_one,
@@ -843,6 +842,12 @@ fn batch_covered_evaluation_matches_fix_by_fix() {
     }
     let stats = batched.stats();
     assert_eq!(stats, one.stats());
+    // Most fixes took their fences from the batch: the path under test ran.
+    assert!(
+        batched.read_from_batch() > 5_000 && one.read_from_batch() == 0,
+        "{} of 6,000 read from the batch",
+        batched.read_from_batch()
+    );
     assert!(batches > 12, "both reloads ran: {batches} batches");
     assert!(
         stats.enters > 300 && stats.exits > 300 && stats.expired > 0,

@@ -365,9 +365,6 @@ fn out_of_order_fixes_have_their_own_term() {
     );
 }
 
-/// The fleet published at full speed through 8 decode lanes and through 1:
-/// each vehicle's fixes still apply in order (none `out_of_order`), both
-/// accounts balance, and the transitions are the same, with the same ids.
 /// One live run of the whole fleet through `fences`, with `pipeline` added
 /// to the config: its transitions, after asserting a clean stop and a
 /// balanced account with no fix out of order.
@@ -395,6 +392,9 @@ fn fleet_run(
     multiset(&read_ndjson(&dir.path().join("events.ndjson")))
 }
 
+/// The fleet published at full speed through 8 decode lanes and through 1:
+/// each vehicle's fixes still apply in order (none `out_of_order`), both
+/// accounts balance, and the transitions are the same, with the same ids.
 #[test]
 fn decode_lanes_keep_each_vehicles_order_and_change_no_transition() {
     let _serial = support::geogate::exclusive();

@@ -181,6 +181,9 @@ pub struct Evaluator {
     /// fences covering each.
     batch_points: Vec<Coord<f64>>,
     batch_coverings: Coverings,
+    /// Fixes [`Self::evaluate_covered`] read from the batch (the rest it
+    /// looked up itself): what shows that a caller's batches are used.
+    read_from_batch: u64,
     /// Vehicles whose state changed (or that expired) since the last
     /// [`Self::take_changed`]: what the next state commit must write.
     changed: Vec<VehicleId>,
@@ -200,6 +203,7 @@ impl Evaluator {
             covering: Vec::new(),
             batch_points: Vec::new(),
             batch_coverings: Coverings::default(),
+            read_from_batch: 0,
             changed: Vec::new(),
             track_changes: false,
         }
@@ -213,6 +217,12 @@ impl Evaluator {
 
     pub fn stats(&self) -> EvaluatorStats {
         self.stats
+    }
+
+    /// How many fixes [`Self::evaluate_covered`] took from a batch's
+    /// lookup rather than looking them up itself.
+    pub fn read_from_batch(&self) -> u64 {
+        self.read_from_batch
     }
 
     pub fn tracked_vehicles(&self) -> usize {
@@ -275,18 +285,15 @@ impl Evaluator {
         self.apply(fix, None, out)
     }
 
-    /// Looks up the fences covering each of `points` (lat, lon) together,
-    /// for [`Self::evaluate_covered`]: a batch overlaps the cache misses of
-    /// its points' lookups, which one fix at a time queue one behind the
-    /// other (see [`FenceIndex::containing_batch`]). The lookup of a fix
-    /// that then proves out of order or a duplicate is wasted.
-    pub fn cover_batch(&mut self, points: impl IntoIterator<Item = (f64, f64)>) {
+    /// Looks up the fences covering each of `fixes` together, for
+    /// [`Self::evaluate_covered`]: a batch overlaps the cache misses of its
+    /// points' lookups, which one fix at a time queue one behind the other
+    /// (see [`FenceIndex::containing_batch`]). The lookup of a fix that then
+    /// proves out of order or a duplicate is wasted.
+    pub fn cover_batch<'a>(&mut self, fixes: impl IntoIterator<Item = Fix<'a>>) {
         self.batch_points.clear();
-        self.batch_points.extend(
-            points
-                .into_iter()
-                .map(|(lat, lon)| Coord { x: lon, y: lat }),
-        );
+        self.batch_points
+            .extend(fixes.into_iter().map(|fix| fix.point()));
         self.index
             .containing_batch(&self.batch_points, &mut self.batch_coverings);
     }
@@ -301,16 +308,19 @@ impl Evaluator {
         fix: Fix<'_>,
         out: &mut Vec<Transition>,
     ) -> FixOutcome {
-        let batch = (self.batch_points.get(i) == Some(&fix.point())).then_some(i);
-        self.apply(fix, batch, out)
+        let batch_position = (self.batch_points.get(i) == Some(&fix.point())).then_some(i);
+        if batch_position.is_some() {
+            self.read_from_batch += 1;
+        }
+        self.apply(fix, batch_position, out)
     }
 
-    /// One fix, its covering fences looked up now (`batch` `None`) or read
-    /// from point `batch` of the last [`Self::cover_batch`].
+    /// One fix, its covering fences looked up now (`batch_position` `None`)
+    /// or read from that point of the last [`Self::cover_batch`].
     fn apply(
         &mut self,
         fix: Fix<'_>,
-        batch: Option<usize>,
+        batch_position: Option<usize>,
         out: &mut Vec<Transition>,
     ) -> FixOutcome {
         let p = fix.point();
@@ -349,7 +359,7 @@ impl Evaluator {
         let index: &FenceIndex = &self.index;
         let settings = &self.settings;
         let stats = &mut self.stats;
-        let covering: &[FenceIdx] = match batch {
+        let covering: &[FenceIdx] = match batch_position {
             Some(i) => self.batch_coverings.of(i),
             None => {
                 index.containing(p, &mut self.covering);

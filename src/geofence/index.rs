@@ -77,13 +77,16 @@ const PART_CELLS_PER_EDGE: usize = 32;
 /// How many times the median envelope area makes a part "large".
 const LARGE_FACTOR: f64 = 64.0;
 
-/// From this many bytes of cells, flat rings and listed envelopes, an
-/// index is queried in batches: the batch hides cache misses, and an index
-/// that stays in a core's cache has none to hide, only the batch's own
-/// bookkeeping. Measured (`evaluator/*` in `benches/geofence.rs`): at 100
-/// fences (0.09 MB) the batch path ran at 0.86× the per-fix path's rate,
-/// at 10k (9.8 MB) at 1.10–1.22×. The crossover between was not
-/// measured; 1 MiB is twice this machine's L2 per core.
+/// From this many bytes (part-grid cells, flat rings, and one R-tree entry
+/// per part envelope, standing in for the grid's listings of it; large
+/// parts' own rings are not counted), an index is queried in batches: the
+/// batch hides cache misses, and an index that stays in a core's cache has
+/// none to hide, only the batch's own bookkeeping. Measured
+/// (`evaluator/*` in `benches/geofence.rs`, the per-fix path always run
+/// first): at 100 fences (0.09 MB by this count) the batch path ran at
+/// 0.86× [0.78–0.90] the per-fix path's rate, at 10k (9.8 MB) at 1.22×
+/// [0.84–1.37] and 1.10× [0.77–1.32] in two sets. The crossover between
+/// was not measured; 1 MiB is twice this machine's L2 per core.
 const BATCH_MIN_BYTES: usize = 1 << 20;
 
 /// An immutable, shareable set of fences; a reload builds a new one and

@@ -74,7 +74,7 @@ pub struct FenceReloader {
 
 impl FenceReloader {
     /// Loads the fence file again. On success every worker swaps to the new
-    /// index before its next fix; on failure the old fences stay and the
+    /// index before its next batch; on failure the old fences stay and the
     /// errors are returned (and logged by the caller).
     pub fn reload(&self) -> Result<usize, FenceErrors> {
         let text = read_fence_file(&self.path)?;

@@ -10,7 +10,8 @@ use geo::Coord;
 /// Points a batch carries through each stage together: enough loads in
 /// flight to hide a miss behind the others, few enough that a point's lines
 /// are still in cache when its next stage reads them. Measured at 10k
-/// fences, 8 and 32 were level with 16 (0.99× each, BENCHMARKS.md).
+/// fences against 8 and 32: no difference resolved (0.99× [0.69–1.18] and
+/// 0.99× [0.73–1.11], BENCHMARKS.md).
 const BATCH_WINDOW: usize = 16;
 
 impl FenceIndex {

@@ -14,6 +14,7 @@ pub use input::ShardInput;
 pub use router::{DeadLetterMirror, RefusalCounters, Router};
 pub use worker::{WorkerContext, worker};
 
+use crate::geofence::Fix;
 use crate::model::VehicleId;
 use crate::source::AckToken;
 use crate::stable_hash::VehicleHash;
@@ -30,6 +31,19 @@ pub struct Admitted {
     pub received_at: Instant,
     /// See [`crate::source::Envelope::redelivered`].
     pub redelivered: bool,
+}
+
+impl Admitted {
+    /// The event as the evaluator takes it.
+    pub fn fix(&self) -> Fix<'_> {
+        Fix {
+            vehicle: &self.vehicle,
+            fix_ms: self.fix_ms,
+            lat: self.lat,
+            lon: self.lon,
+            redelivered: self.redelivered,
+        }
+    }
 }
 
 /// The vehicle's shard ([`VehicleHash::shard`]).

@@ -9,7 +9,7 @@
 //! (`state::shared`); its messages are finished once Redis has it.
 
 use super::Admitted;
-use crate::geofence::{Evaluator, FenceIndex, Fix, FixOutcome, TransitionKind, VehicleSnapshot};
+use crate::geofence::{Evaluator, FenceIndex, FixOutcome, TransitionKind, VehicleSnapshot};
 use crate::metrics::SAMPLE_EVERY;
 use crate::model::VehicleId;
 use crate::sink::health::wait_deadline;
@@ -83,30 +83,11 @@ pub async fn worker(
         finished.messages.reserve_exact(received);
         let mut transitions = Vec::new();
         let mut past_deadline = false;
-        // A reload takes effect between batches: the batch's fences are
-        // looked up together, against one index.
-        if ctx.fences.has_changed().unwrap_or(false) {
-            let index = ctx.fences.borrow_and_update().clone();
-            if let BatchSink::Shared(applier) = &mut ctx.sink {
-                applier.swap_index(index.clone());
-            }
-            evaluator.swap_index(index);
-        }
-        // What looking up the batch's fences took, spread over its fixes,
-        // for the sampled evaluation times; timed only when one of them
-        // will be sampled.
-        let mut lookup_share = Duration::ZERO;
-        let batched =
-            matches!(ctx.sink, BatchSink::Commit(_)) && evaluator.index().prefers_batches();
-        if batched {
-            let sampled =
-                evaluations.next_multiple_of(SAMPLE_EVERY) < evaluations + received as u64;
-            let started = sampled.then(Instant::now);
-            evaluator.cover_batch(batch.iter().map(|item| (item.lat, item.lon)));
-            if let Some(started) = started {
-                lookup_share = started.elapsed() / received as u32;
-            }
-        }
+        swap_if_reloaded(&mut ctx, &mut evaluator);
+        let batched = matches!(ctx.sink, BatchSink::Commit(_));
+        let lookup_share = batched
+            .then(|| cover_if_large(&mut evaluator, &batch, evaluations))
+            .flatten();
         // Read under the watch's lock once per batch, and again only when
         // it changes (a lock-free check): every worker shares that lock.
         let mut deadline = *ctx.deadline.borrow();
@@ -140,20 +121,14 @@ pub async fn worker(
             let before = transitions.len();
             let timed = evaluations.is_multiple_of(SAMPLE_EVERY).then(Instant::now);
             evaluations += 1;
-            let fix = Fix {
-                vehicle: &item.vehicle,
-                fix_ms: item.fix_ms,
-                lat: item.lat,
-                lon: item.lon,
-                redelivered: item.redelivered,
-            };
-            let outcome = if batched {
-                evaluator.evaluate_covered(i, fix, &mut transitions)
+            let outcome = if lookup_share.is_some() {
+                evaluator.evaluate_covered(i, item.fix(), &mut transitions)
             } else {
-                evaluator.evaluate_fix(fix, &mut transitions)
+                evaluator.evaluate_fix(item.fix(), &mut transitions)
             };
             if let Some(started) = timed {
-                eval_time.record((started.elapsed() + lookup_share).as_secs_f64());
+                let share = lookup_share.unwrap_or_default();
+                eval_time.record((started.elapsed() + share).as_secs_f64());
             }
             for t in &transitions[before..] {
                 transitions_metric[t.event as usize].increment(1);
@@ -216,4 +191,39 @@ pub async fn worker(
             break 'batches;
         }
     }
+}
+
+/// Swaps in a reloaded fence set, between batches: a batch's fences are
+/// looked up together, against one index.
+fn swap_if_reloaded(ctx: &mut WorkerContext, evaluator: &mut Evaluator) {
+    if ctx.fences.has_changed().unwrap_or(false) {
+        let index = ctx.fences.borrow_and_update().clone();
+        if let BatchSink::Shared(applier) = &mut ctx.sink {
+            applier.swap_index(index.clone());
+        }
+        evaluator.swap_index(index);
+    }
+}
+
+/// Looks up the batch's fences together when that pays: an index past the
+/// cache ([`FenceIndex::prefers_batches`]) and more than one fix to overlap
+/// (a paced worker takes one at a time). Returns each fix's share of the
+/// lookup's time, for the sampled evaluation times (zero when none of the
+/// batch's fixes will be sampled, so the clock is not read), or `None`
+/// when the fixes are to be looked up one by one.
+fn cover_if_large(
+    evaluator: &mut Evaluator,
+    batch: &[Admitted],
+    evaluations: u64,
+) -> Option<Duration> {
+    if batch.len() < 2 || !evaluator.index().prefers_batches() {
+        return None;
+    }
+    let fixes = batch.len() as u64;
+    let sampled = evaluations.next_multiple_of(SAMPLE_EVERY) < evaluations + fixes;
+    let started = sampled.then(Instant::now);
+    evaluator.cover_batch(batch.iter().map(Admitted::fix));
+    Some(started.map_or(Duration::ZERO, |started| {
+        started.elapsed().div_f64(fixes as f64)
+    }))
 }
