@@ -84,8 +84,9 @@ pub async fn worker(
         let mut transitions = Vec::new();
         let mut past_deadline = false;
         swap_if_reloaded(&mut ctx, &mut evaluator);
-        let batched = matches!(ctx.sink, BatchSink::Commit(_));
-        let lookup_share = batched
+        // `Some` when the batch's fences were looked up together (local
+        // state only: the shared applier probes its own).
+        let lookup_share = matches!(ctx.sink, BatchSink::Commit(_))
             .then(|| cover_if_large(&mut evaluator, &batch, evaluations))
             .flatten();
         // Read under the watch's lock once per batch, and again only when
