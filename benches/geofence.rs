@@ -106,8 +106,9 @@ fn evaluation(c: &mut Criterion) {
 /// big polygons) and at 100 (without: an index that stays in cache): 10,000
 /// fixes of 1,000 vehicles in batches of 256 (the worker's largest), fix
 /// by fix through the point query against each batch's fences looked up
-/// together (what the worker does for an index past 1 MiB). Why: the batch query's gain measured
-/// alone could vanish between the state updates of a real evaluation.
+/// together (what the worker does for an index past 1 MiB). Why: the batch
+/// query's gain measured alone could vanish between the state updates of a
+/// real evaluation.
 fn evaluator(c: &mut Criterion) {
     /// The shard worker's largest batch (its private `BATCH`).
     const BATCH: usize = 256;
@@ -130,6 +131,13 @@ fn evaluator(c: &mut Criterion) {
             })
             .collect();
         let fresh = || Evaluator::new(index.clone(), EvaluatorSettings::default());
+        let fix = |&(v, t, p): &(usize, i64, Coord<f64>)| Fix {
+            vehicle: &vehicles[v],
+            fix_ms: t,
+            lat: p.y,
+            lon: p.x,
+            redelivered: false,
+        };
         for (name, batched) in [("per_fix", false), ("batch_covered", true)] {
             group.bench_function(BenchmarkId::new(name, n), |b| {
                 let mut out = Vec::new();
@@ -138,13 +146,6 @@ fn evaluator(c: &mut Criterion) {
                     |evaluator| {
                         for batch in fixes.chunks(BATCH) {
                             out.clear();
-                            let fix = |&(v, t, p): &(usize, i64, Coord<f64>)| Fix {
-                                vehicle: &vehicles[v],
-                                fix_ms: t,
-                                lat: p.y,
-                                lon: p.x,
-                                redelivered: false,
-                            };
                             if batched {
                                 evaluator.cover_batch(batch.iter().map(fix));
                             }

@@ -801,8 +801,9 @@ fn batch_covered_evaluation_matches_fix_by_fix() {
         let batch = &fixes[start..start + len];
         batches += 1;
         if batches == 7 {
-            one.swap_index(reloaded());
-            batched.swap_index(reloaded());
+            let index = reloaded();
+            one.swap_index(index.clone());
+            batched.swap_index(index);
         }
         let fix = |&(v, fix_ms, p, redelivered): &(usize, i64, Coord<f64>, bool)| Fix {
             vehicle: &vehicles[v],
@@ -814,8 +815,9 @@ fn batch_covered_evaluation_matches_fix_by_fix() {
         batched.cover_batch(batch.iter().map(fix));
         for (i, f) in batch.iter().enumerate() {
             if batches == 12 && i == len / 2 {
-                one.swap_index(Arc::new(FenceIndex::new(random_fences(22, 300, 0, 0).0)));
-                batched.swap_index(Arc::new(FenceIndex::new(random_fences(22, 300, 0, 0).0)));
+                let index = Arc::new(FenceIndex::new(random_fences(22, 300, 0, 0).0));
+                one.swap_index(index.clone());
+                batched.swap_index(index);
             }
             let position = if i % 97 == 5 { i + 1 } else { i };
             let expected = one.evaluate_fix(fix(f), &mut out_one);
