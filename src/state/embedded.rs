@@ -11,6 +11,7 @@
 //! a second geogate pointed at the same file fails at start, by name.
 
 use super::crash_point;
+use super::log_writeback::LogWriteback;
 use super::outbox::OutboxEntry;
 use super::record;
 use super::{CommitBatch, Recovered, StateError, Store};
@@ -18,6 +19,7 @@ use crate::config::{FsyncPolicy, StateConfig};
 use crate::model::VehicleId;
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS vehicle (id TEXT PRIMARY KEY, state BLOB NOT NULL) WITHOUT ROWID;
@@ -29,10 +31,8 @@ INSERT OR IGNORE INTO meta VALUES ('schema', 1), ('next_seq', 1), ('mqtt_cursor'
 pub struct EmbeddedStore {
     path: PathBuf,
     conn: Connection,
-    /// The write-ahead log, opened once it exists, under `fsync = "flush"`
-    /// on Linux only: see [`EmbeddedStore::start_log_writeback`].
-    log: Option<std::fs::File>,
-    start_writeback: bool,
+    /// Under `fsync = "flush"`, on Linux: see [`LogWriteback`].
+    log: Option<LogWriteback>,
 }
 
 impl EmbeddedStore {
@@ -79,9 +79,8 @@ impl EmbeddedStore {
         }
         let mut store = Self {
             path: path.to_owned(),
+            log: LogWriteback::open(&conn, config.fsync),
             conn,
-            log: None,
-            start_writeback: cfg!(target_os = "linux") && config.fsync == FsyncPolicy::Flush,
         };
         let recovered = store.read_all(created)?;
         Ok((store, recovered))
@@ -180,37 +179,6 @@ impl EmbeddedStore {
         }
         tx.commit()
     }
-
-    /// Asks the kernel to start writing the log's new pages to disk now,
-    /// without waiting for them. Why: under `synchronous=NORMAL` no commit
-    /// syncs the log, so every checkpoint (SQLite's automatic one, and the
-    /// one at close) first had to sync all the log written since the last,
-    /// about 2 MB per bench run, while the committer, and the acks behind
-    /// it, waited. Started early, that writing overlaps the run. The log is
-    /// only appended to between checkpoints, so no page is written twice.
-    /// Only a hint: what a commit survives is unchanged (a process crash
-    /// under `flush`), and a failure here is ignored.
-    /// Measured in benches/pipeline.rs (`pipeline_embedded_flush/2`): 1.09×
-    /// [1.01–1.18] and 1.21× [1.04–1.28], faster in all 12 rounds.
-    fn start_log_writeback(&mut self) {
-        if !self.start_writeback {
-            return;
-        }
-        if self.log.is_none() {
-            let mut wal = self.path.as_os_str().to_owned();
-            wal.push("-wal");
-            self.log = std::fs::File::open(wal).ok();
-        }
-        #[cfg(target_os = "linux")]
-        if let Some(log) = &self.log {
-            use std::os::fd::AsRawFd;
-            // SAFETY: a valid open descriptor; the call only asks the
-            // kernel to start writing the file's dirty pages.
-            unsafe {
-                libc::sync_file_range(log.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
-            }
-        }
-    }
 }
 
 impl Store for EmbeddedStore {
@@ -219,7 +187,11 @@ impl Store for EmbeddedStore {
             path: self.path.clone(),
             source,
         })?;
-        self.start_log_writeback();
+        if let Some(log) = &mut self.log
+            && !log.after_commit(Instant::now())
+        {
+            self.log = None;
+        }
         Ok(())
     }
 

@@ -22,6 +22,7 @@ pub mod commit;
 pub mod crash_point;
 pub mod embedded;
 pub mod events_file;
+pub mod log_writeback;
 pub mod outbox;
 pub mod publisher;
 pub mod record;
