@@ -13,19 +13,26 @@
 use super::crash_point;
 use super::log_writeback::LogWriteback;
 use super::outbox::OutboxEntry;
+use super::outbox_rows;
 use super::record;
 use super::{CommitBatch, Recovered, StateError, Store};
 use crate::config::{FsyncPolicy, StateConfig};
 use crate::model::VehicleId;
-use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, params};
+use rusqlite::{
+    Connection, ErrorCode, OpenFlags, OptionalExtension, Transaction, TransactionBehavior, params,
+};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+/// Version 2 keeps the outbox a row per commit ([`outbox_rows`]); version
+/// 1 kept a row per entry, in a table `outbox` that opening moves over.
+const SCHEMA_VERSION: i64 = 2;
+
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS vehicle (id TEXT PRIMARY KEY, state BLOB NOT NULL) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS outbox (seq INTEGER PRIMARY KEY, vehicle TEXT NOT NULL, line BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS outbox_commit (last_seq INTEGER PRIMARY KEY, first_seq INTEGER NOT NULL, entries BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
-INSERT OR IGNORE INTO meta VALUES ('schema', 1), ('next_seq', 1), ('mqtt_cursor', 0);
+INSERT OR IGNORE INTO meta VALUES ('schema', 2), ('next_seq', 1), ('mqtt_cursor', 0);
 ";
 
 pub struct EmbeddedStore {
@@ -41,7 +48,7 @@ impl EmbeddedStore {
     pub fn open(path: &Path, config: &StateConfig) -> Result<(Self, Recovered), StateError> {
         let mut created = !path.exists();
         let sql = |source| opening_error(path, source);
-        let conn = Connection::open_with_flags(
+        let mut conn = Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE
                 | OpenFlags::SQLITE_OPEN_CREATE
@@ -63,11 +70,20 @@ impl EmbeddedStore {
         // The first write takes the exclusive lock, held until close. A
         // reset empties the file only once it is ours: another geogate's
         // file is refused above, never wiped.
-        conn.execute_batch(&format!("BEGIN IMMEDIATE; {SCHEMA} COMMIT;"))
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sql)?;
+        let version = upgrade(&tx).map_err(sql)?;
+        if version > SCHEMA_VERSION {
+            return Err(StateError::Newer {
+                path: path.to_owned(),
+                version,
+            });
+        }
+        tx.commit().map_err(sql)?;
         if config.reset {
             conn.execute_batch(
-                "BEGIN; DELETE FROM vehicle; DELETE FROM outbox;
+                "BEGIN; DELETE FROM vehicle; DELETE FROM outbox_commit;
                  UPDATE meta SET value = 1 WHERE key = 'next_seq';
                  UPDATE meta SET value = 0 WHERE key = 'mqtt_cursor'; COMMIT;",
             )
@@ -123,19 +139,26 @@ impl EmbeddedStore {
         drop(stmt);
         let mut stmt = self
             .conn
-            .prepare("SELECT seq, vehicle, line FROM outbox ORDER BY seq")
+            .prepare("SELECT first_seq, last_seq, entries FROM outbox_commit ORDER BY last_seq")
             .map_err(sql)?;
-        let outbox = stmt
-            .query_map([], |r| {
-                Ok(OutboxEntry {
-                    seq: r.get::<_, i64>(0)?.max(0) as u64,
-                    vehicle: VehicleId::from(r.get::<_, String>(1)?),
-                    line: r.get(2)?,
-                })
-            })
-            .map_err(sql)?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(sql)?;
+        let mut rows = stmt.query([]).map_err(sql)?;
+        let mut outbox = Vec::new();
+        while let Some(row) = rows.next().map_err(sql)? {
+            let first = row.get::<_, i64>(0).map_err(sql)?.max(0) as u64;
+            let last = row.get::<_, i64>(1).map_err(sql)?.max(0) as u64;
+            let bytes = row
+                .get_ref(2)
+                .map_err(sql)?
+                .as_blob()
+                .map_err(|e| sql(e.into()))?;
+            outbox_rows::unpack(first, last, bytes, &mut outbox).map_err(|source| {
+                StateError::CorruptOutbox {
+                    path: path.clone(),
+                    last_seq: last,
+                    source,
+                }
+            })?;
+        }
         Ok(Recovered {
             vehicles,
             outbox,
@@ -158,11 +181,7 @@ impl EmbeddedStore {
                     None => delete.execute([&**id])?,
                 };
             }
-            let mut append =
-                tx.prepare_cached("INSERT INTO outbox (seq, vehicle, line) VALUES (?1, ?2, ?3)")?;
-            for e in &batch.outbox {
-                append.execute(params![stored(e.seq), &*e.vehicle, &e.line])?;
-            }
+            append_outbox(&tx, &batch.outbox)?;
             crash_point::reached("commit.inside");
             let mut set = tx.prepare_cached("UPDATE meta SET value = ?2 WHERE key = ?1")?;
             set.execute(params!["next_seq", batch.next_seq as i64])?;
@@ -174,7 +193,7 @@ impl EmbeddedStore {
                 .file_cursor
                 .min(batch.mqtt_cursor)
                 .min(i64::MAX as u64);
-            tx.prepare_cached("DELETE FROM outbox WHERE seq <= ?1")?
+            tx.prepare_cached("DELETE FROM outbox_commit WHERE last_seq <= ?1")?
                 .execute([confirmed as i64])?;
         }
         tx.commit()
@@ -212,6 +231,54 @@ impl Store for EmbeddedStore {
     }
 }
 
+/// Appends entries to the outbox, a row per run of consecutive seqs.
+fn append_outbox(tx: &Transaction, entries: &[OutboxEntry]) -> rusqlite::Result<()> {
+    let mut append = tx.prepare_cached(
+        "INSERT INTO outbox_commit (last_seq, first_seq, entries) VALUES (?1, ?2, ?3)",
+    )?;
+    for row in outbox_rows::pack(entries) {
+        append.execute(params![stored(row.last), stored(row.first), row.bytes])?;
+    }
+    Ok(())
+}
+
+/// Creates what is missing and brings a version 1 file to this version,
+/// inside the opening transaction; returns the file's version (greater
+/// than [`SCHEMA_VERSION`]: written by a newer geogate, left untouched).
+fn upgrade(tx: &Transaction) -> rusqlite::Result<i64> {
+    tx.execute_batch(SCHEMA)?;
+    let version: i64 = tx.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| {
+        r.get(0)
+    })?;
+    if version != 1 {
+        return Ok(version);
+    }
+    let old_outbox: bool = tx.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'outbox')",
+        [],
+        |r| r.get(0),
+    )?;
+    if old_outbox {
+        let entries = tx
+            .prepare("SELECT seq, vehicle, line FROM outbox ORDER BY seq")?
+            .query_map([], |r| {
+                Ok(OutboxEntry {
+                    seq: r.get::<_, i64>(0)?.max(0) as u64,
+                    vehicle: VehicleId::from(r.get::<_, String>(1)?),
+                    line: r.get(2)?,
+                })
+            })?
+            .collect::<Result<Vec<_>, _>>()?;
+        append_outbox(tx, &entries)?;
+        tx.execute_batch("DROP TABLE outbox")?;
+    }
+    tx.execute(
+        "UPDATE meta SET value = ?1 WHERE key = 'schema'",
+        [SCHEMA_VERSION],
+    )?;
+    Ok(SCHEMA_VERSION)
+}
+
 /// Seqs and cursors as SQLite integers (i64); beyond i64::MAX is "all".
 fn stored(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
@@ -227,5 +294,171 @@ fn opening_error(path: &Path, source: rusqlite::Error) -> StateError {
             path: path.to_owned(),
             source,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::StateBackend;
+
+    fn config(dir: &Path) -> StateConfig {
+        StateConfig {
+            backend: StateBackend::Embedded,
+            path: dir.join("state.sqlite"),
+            fsync: FsyncPolicy::Flush,
+            ..StateConfig::default()
+        }
+    }
+
+    fn entry(seq: u64) -> OutboxEntry {
+        OutboxEntry {
+            seq,
+            vehicle: "van7".into(),
+            line: format!(r#"{{"seq":{seq}}}"#).into_bytes(),
+        }
+    }
+
+    /// A file written by a geogate before the outbox became a row per
+    /// commit: its rows move over at open, nothing is lost, and later
+    /// commits and reopenings see one outbox.
+    #[test]
+    fn a_version_1_file_opens_with_its_outbox_intact() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config(dir.path());
+        let mut record = Vec::new();
+        record::encode(
+            &crate::geofence::VehicleSnapshot {
+                last_fix_ms: 1_000,
+                members: vec!["depot".into()],
+                pending: vec![],
+            },
+            &mut record,
+        );
+        {
+            let old = Connection::open(&config.path).unwrap();
+            old.execute_batch(
+                "PRAGMA journal_mode = WAL;
+                 CREATE TABLE vehicle (id TEXT PRIMARY KEY, state BLOB NOT NULL) WITHOUT ROWID;
+                 CREATE TABLE outbox (seq INTEGER PRIMARY KEY, vehicle TEXT NOT NULL, line BLOB NOT NULL);
+                 CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+                 INSERT INTO meta VALUES ('schema', 1), ('next_seq', 5), ('mqtt_cursor', 1);",
+            )
+            .unwrap();
+            old.execute("INSERT INTO vehicle VALUES ('van7', ?1)", [&record])
+                .unwrap();
+            for seq in [2, 3, 4] {
+                let e = entry(seq);
+                old.execute(
+                    "INSERT INTO outbox VALUES (?1, ?2, ?3)",
+                    params![seq as i64, &*e.vehicle, &e.line],
+                )
+                .unwrap();
+            }
+        }
+        let (mut store, recovered) = EmbeddedStore::open(&config.path, &config).unwrap();
+        assert!(!recovered.created);
+        assert_eq!(recovered.outbox, vec![entry(2), entry(3), entry(4)]);
+        assert_eq!((recovered.next_seq, recovered.mqtt_cursor), (5, 1));
+        assert_eq!(recovered.vehicles.len(), 1);
+        assert_eq!(&*recovered.vehicles[0].1.members[0], "depot");
+        store
+            .commit(&CommitBatch {
+                outbox: vec![entry(5), entry(6)],
+                next_seq: 7,
+                file_cursor: 4,
+                mqtt_cursor: 4,
+                ..CommitBatch::default()
+            })
+            .unwrap();
+        drop(store);
+        let (_store, recovered) = EmbeddedStore::open(&config.path, &config).unwrap();
+        // 2–4 were confirmed by both destinations and pruned.
+        assert_eq!(recovered.outbox, vec![entry(5), entry(6)]);
+        assert_eq!(recovered.next_seq, 7);
+        let schema: i64 = _store
+            .conn
+            .query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(schema, SCHEMA_VERSION);
+        let old_table: bool = _store
+            .conn
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = 'outbox')",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert!(!old_table, "the version 1 table is gone");
+    }
+
+    /// A commit's entries are one row; a confirmed run is pruned only as a
+    /// whole, and what a row still holds below the cursors is skipped by
+    /// the relay and the publisher, not lost or repeated.
+    #[test]
+    fn a_row_is_pruned_once_its_last_entry_is_confirmed() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config(dir.path());
+        let (mut store, _) = EmbeddedStore::open(&config.path, &config).unwrap();
+        let commit = |store: &mut EmbeddedStore, seqs: std::ops::Range<u64>, confirmed| {
+            store
+                .commit(&CommitBatch {
+                    outbox: seqs.clone().map(entry).collect(),
+                    next_seq: seqs.end,
+                    file_cursor: confirmed,
+                    mqtt_cursor: confirmed,
+                    ..CommitBatch::default()
+                })
+                .unwrap();
+        };
+        commit(&mut store, 1..4, 0);
+        commit(&mut store, 4..6, 2);
+        let rows: i64 = store
+            .conn
+            .query_row("SELECT count(*) FROM outbox_commit", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 2);
+        commit(&mut store, 6..7, 3);
+        drop(store);
+        let (_, recovered) = EmbeddedStore::open(&config.path, &config).unwrap();
+        assert_eq!(recovered.outbox, vec![entry(4), entry(5), entry(6)]);
+    }
+
+    #[test]
+    fn a_file_from_a_newer_geogate_is_refused_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config(dir.path());
+        drop(EmbeddedStore::open(&config.path, &config).unwrap());
+        Connection::open(&config.path)
+            .unwrap()
+            .execute("UPDATE meta SET value = 3 WHERE key = 'schema'", [])
+            .unwrap();
+        let refused = EmbeddedStore::open(&config.path, &config).err().unwrap();
+        assert!(
+            matches!(refused, StateError::Newer { version: 3, .. }),
+            "{refused}"
+        );
+        assert!(
+            refused.to_string().contains("schema version 3"),
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn a_damaged_outbox_row_is_a_precise_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config(dir.path());
+        drop(EmbeddedStore::open(&config.path, &config).unwrap());
+        Connection::open(&config.path)
+            .unwrap()
+            .execute("INSERT INTO outbox_commit VALUES (9, 8, x'0476616e')", [])
+            .unwrap();
+        let refused = EmbeddedStore::open(&config.path, &config).err().unwrap();
+        assert!(
+            matches!(refused, StateError::CorruptOutbox { last_seq: 9, .. }),
+            "{refused}"
+        );
     }
 }

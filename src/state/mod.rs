@@ -3,6 +3,7 @@
 //!
 //! * [`record`]: a vehicle's state as bytes;
 //! * [`outbox`]: a transition as the line that leaves (stable id, seq);
+//! * [`outbox_rows`]: a commit's outbox entries as one row of the store;
 //! * [`embedded`]: the SQLite store (`[state] backend = "embedded"`);
 //! * [`commit`]: the one thread that commits every shard's batches;
 //! * [`relay`]: committed transitions out to the events file;
@@ -24,6 +25,7 @@ pub mod embedded;
 pub mod events_file;
 pub mod log_writeback;
 pub mod outbox;
+pub mod outbox_rows;
 pub mod publisher;
 pub mod record;
 pub mod relay;
@@ -70,6 +72,16 @@ pub enum StateError {
         vehicle: String,
         source: record::RecordError,
     },
+    #[error("state file {path}: the outbox row ending at seq {last_seq}: {source}")]
+    CorruptOutbox {
+        path: PathBuf,
+        last_seq: u64,
+        source: record::RecordError,
+    },
+    #[error(
+        "state file {path} has schema version {version}, written by a newer geogate; this one reads up to version 2. Run the newer geogate, or move the file aside and pass --reset-state to start from no memberships"
+    )]
+    Newer { path: PathBuf, version: i64 },
     #[error("state file {path}: {source}")]
     Sqlite {
         path: PathBuf,

@@ -59,7 +59,7 @@ pub fn decode(bytes: &[u8]) -> Result<VehicleSnapshot, RecordError> {
     })
 }
 
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+pub(super) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -67,18 +67,19 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-fn put_str(out: &mut Vec<u8>, s: &str) {
+pub(super) fn put_str(out: &mut Vec<u8>, s: &str) {
     put_varint(out, s.len() as u64);
     out.extend_from_slice(s.as_bytes());
 }
 
-struct Reader<'a> {
-    bytes: &'a [u8],
-    at: usize,
+/// Reads what the `put_` functions wrote, every length checked.
+pub(super) struct Reader<'a> {
+    pub(super) bytes: &'a [u8],
+    pub(super) at: usize,
 }
 
 impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8], RecordError> {
+    pub(super) fn take(&mut self, n: usize) -> Result<&[u8], RecordError> {
         let end = self
             .at
             .checked_add(n)
@@ -99,7 +100,7 @@ impl Reader<'_> {
         Ok(i64::from_le_bytes(raw))
     }
 
-    fn varint(&mut self) -> Result<u64, RecordError> {
+    pub(super) fn varint(&mut self) -> Result<u64, RecordError> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let b = self.byte()?;
@@ -113,7 +114,7 @@ impl Reader<'_> {
 
     /// A count, bounded by the bytes left so that a corrupt length cannot
     /// ask for a huge allocation.
-    fn count(&mut self) -> Result<usize, RecordError> {
+    pub(super) fn count(&mut self) -> Result<usize, RecordError> {
         let n = self.varint()?;
         if n > (self.bytes.len() - self.at) as u64 {
             return Err(RecordError::Truncated(self.bytes.len()));
