@@ -2,7 +2,7 @@
 //! store opened and read back, the committer on a thread of its own, the
 //! relay and, when transitions also go over MQTT, the publisher.
 
-use super::commit::{CommitRequest, Committer, Cursors};
+use super::commit::{CommitRequest, Committer, Cursors, MAX_BATCHES_PER_COMMIT};
 use super::publisher::Publisher;
 use super::relay::Relay;
 use super::{StateError, open};
@@ -107,7 +107,7 @@ impl StateStage {
             done: done_tx,
         };
         let relay = tokio::spawn(relay.run(recovered.outbox, committed_rx));
-        let (commits, commits_rx) = mpsc::channel(shards.max(1) * 4);
+        let (commits, commits_rx) = mpsc::channel(MAX_BATCHES_PER_COMMIT);
         let committer = Committer {
             store: opened.store,
             next_seq: recovered.next_seq,
