@@ -107,7 +107,14 @@ impl StateStage {
             done: done_tx,
         };
         let relay = tokio::spawn(relay.run(recovered.outbox, committed_rx));
-        let (commits, commits_rx) = mpsc::channel(MAX_BATCHES_PER_COMMIT);
+        // Room for what a spaced commit gathers; the memory store commits
+        // at once, so its workers keep the short queue they always had.
+        let queued = if durable {
+            MAX_BATCHES_PER_COMMIT
+        } else {
+            shards.max(1) * 4
+        };
+        let (commits, commits_rx) = mpsc::channel(queued);
         let committer = Committer {
             store: opened.store,
             next_seq: recovered.next_seq,
