@@ -37,9 +37,11 @@ pub const MAX_BATCHES_PER_COMMIT: usize = 64;
 /// not per batch, and the same vehicles recur from batch to batch, so a
 /// commit that takes the batches of 2 ms writes far fewer rows and pages
 /// than several taking one each (BENCHMARKS.md, "The outbox a row per
-/// commit, and commits spaced"). The price is at most this much more
-/// before a message is acked, and only under load: a batch that arrives
-/// after a quiet spell is committed at once.
+/// commit, and commits spaced"). The price: a waiting batch is in the
+/// next commit, which may start up to this much later, so its acks may
+/// wait that much longer; only under load, since a batch that arrives
+/// after a quiet spell is committed at once, and so is a full commit's
+/// worth.
 const COMMIT_SPACING: Duration = Duration::from_millis(2);
 
 /// How long a commit about to start at `now` waits, the previous one
@@ -218,7 +220,8 @@ impl Committer {
         let spaced = self.store.durable();
         let mut previous_commit: Option<Instant> = None;
         while let Some(first) = requests.blocking_recv() {
-            if spaced {
+            // A full commit's worth already waiting gathers nothing more.
+            if spaced && requests.len() + 1 < MAX_BATCHES_PER_COMMIT {
                 let wait = spacing_wait(previous_commit, Instant::now());
                 if !wait.is_zero() {
                     std::thread::sleep(wait);

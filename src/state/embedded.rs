@@ -13,11 +13,12 @@
 use super::crash_point;
 use super::log_writeback::LogWriteback;
 use super::outbox::OutboxEntry;
-use super::outbox_rows;
+use super::outbox_rows::{self, OutboxRowError};
 use super::record;
 use super::{CommitBatch, Recovered, StateError, Store};
 use crate::config::{FsyncPolicy, StateConfig};
 use crate::model::VehicleId;
+use rusqlite::types::ValueRef;
 use rusqlite::{
     Connection, ErrorCode, OpenFlags, OptionalExtension, Transaction, TransactionBehavior, params,
 };
@@ -32,8 +33,13 @@ const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS vehicle (id TEXT PRIMARY KEY, state BLOB NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS outbox_commit (last_seq INTEGER PRIMARY KEY, first_seq INTEGER NOT NULL, entries BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
-INSERT OR IGNORE INTO meta VALUES ('schema', 2), ('next_seq', 1), ('mqtt_cursor', 0);
 ";
+
+/// Takes version 1's table name, so that a geogate from before version 2
+/// (which reads no version) fails at open on "no such column" instead of
+/// creating an empty `outbox` beside this one and never delivering what
+/// `outbox_commit` holds.
+const OLD_READERS_REFUSED: &str = "CREATE VIEW outbox AS SELECT 2 AS schema_version";
 
 pub struct EmbeddedStore {
     path: PathBuf,
@@ -73,26 +79,24 @@ impl EmbeddedStore {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sql)?;
-        let version = upgrade(&tx).map_err(sql)?;
+        let version = upgrade(&tx, config.reset).map_err(sql)?;
         if version > SCHEMA_VERSION {
             return Err(StateError::Newer {
                 path: path.to_owned(),
                 version,
+                readable: SCHEMA_VERSION,
             });
         }
-        tx.commit().map_err(sql)?;
         if config.reset {
-            conn.execute_batch(
-                "BEGIN; DELETE FROM vehicle; DELETE FROM outbox_commit;
+            tx.execute_batch(
+                "DELETE FROM vehicle; DELETE FROM outbox_commit;
                  UPDATE meta SET value = 1 WHERE key = 'next_seq';
-                 UPDATE meta SET value = 0 WHERE key = 'mqtt_cursor'; COMMIT;",
+                 UPDATE meta SET value = 0 WHERE key = 'mqtt_cursor';",
             )
-            .map_err(|source| StateError::Sqlite {
-                path: path.to_owned(),
-                source,
-            })?;
+            .map_err(sql)?;
             created = true;
         }
+        tx.commit().map_err(sql)?;
         let mut store = Self {
             path: path.to_owned(),
             log: LogWriteback::open(&conn, config.fsync),
@@ -143,21 +147,26 @@ impl EmbeddedStore {
             .map_err(sql)?;
         let mut rows = stmt.query([]).map_err(sql)?;
         let mut outbox = Vec::new();
+        let mut previous_last = None;
         while let Some(row) = rows.next().map_err(sql)? {
             let first = row.get::<_, i64>(0).map_err(sql)?.max(0) as u64;
             let last = row.get::<_, i64>(1).map_err(sql)?.max(0) as u64;
-            let bytes = row
-                .get_ref(2)
-                .map_err(sql)?
-                .as_blob()
-                .map_err(|e| sql(e.into()))?;
-            outbox_rows::unpack(first, last, bytes, &mut outbox).map_err(|source| {
-                StateError::CorruptOutbox {
-                    path: path.clone(),
-                    last_seq: last,
-                    source,
-                }
-            })?;
+            let corrupt = |source| StateError::CorruptOutbox {
+                path: path.clone(),
+                last_seq: last,
+                source,
+            };
+            if let Some(previous) = previous_last
+                && first <= previous
+            {
+                return Err(corrupt(OutboxRowError::Overlap { first, previous }));
+            }
+            previous_last = Some(last);
+            let bytes = match row.get_ref(2).map_err(sql)? {
+                ValueRef::Blob(bytes) => bytes,
+                _ => return Err(corrupt(OutboxRowError::NotBytes)),
+            };
+            outbox_rows::unpack(first, last, bytes, &mut outbox).map_err(corrupt)?;
         }
         Ok(Recovered {
             vehicles,
@@ -242,41 +251,58 @@ fn append_outbox(tx: &Transaction, entries: &[OutboxEntry]) -> rusqlite::Result<
     Ok(())
 }
 
-/// Creates what is missing and brings a version 1 file to this version,
-/// inside the opening transaction; returns the file's version (greater
-/// than [`SCHEMA_VERSION`]: written by a newer geogate, left untouched).
-fn upgrade(tx: &Transaction) -> rusqlite::Result<i64> {
-    tx.execute_batch(SCHEMA)?;
-    let version: i64 = tx.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| {
-        r.get(0)
-    })?;
-    if version != 1 {
-        return Ok(version);
+/// Brings the file to this version inside the opening transaction, and
+/// returns the version it found if that is newer (then nothing is
+/// written). With `reset`, a version 1 outbox is dropped unread, so that a
+/// damaged one cannot stand in the way of the reset meant to get past it.
+fn upgrade(tx: &Transaction, reset: bool) -> rusqlite::Result<i64> {
+    if exists(tx, "table", "meta")? {
+        let version: Option<i64> = tx
+            .query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        if let Some(newer) = version.filter(|&v| v > SCHEMA_VERSION) {
+            return Ok(newer);
+        }
     }
-    let old_outbox: bool = tx.query_row(
-        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'outbox')",
-        [],
-        |r| r.get(0),
+    tx.execute_batch(SCHEMA)?;
+    tx.execute(
+        "INSERT OR IGNORE INTO meta VALUES ('schema', ?1), ('next_seq', 1), ('mqtt_cursor', 0)",
+        [SCHEMA_VERSION],
     )?;
-    if old_outbox {
-        let entries = tx
-            .prepare("SELECT seq, vehicle, line FROM outbox ORDER BY seq")?
-            .query_map([], |r| {
-                Ok(OutboxEntry {
-                    seq: r.get::<_, i64>(0)?.max(0) as u64,
-                    vehicle: VehicleId::from(r.get::<_, String>(1)?),
-                    line: r.get(2)?,
-                })
-            })?
-            .collect::<Result<Vec<_>, _>>()?;
-        append_outbox(tx, &entries)?;
+    if exists(tx, "table", "outbox")? {
+        if !reset {
+            let entries = tx
+                .prepare("SELECT seq, vehicle, line FROM outbox ORDER BY seq")?
+                .query_map([], |r| {
+                    Ok(OutboxEntry {
+                        seq: r.get::<_, i64>(0)?.max(0) as u64,
+                        vehicle: VehicleId::from(r.get::<_, String>(1)?),
+                        line: r.get(2)?,
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            append_outbox(tx, &entries)?;
+        }
         tx.execute_batch("DROP TABLE outbox")?;
+    }
+    if !exists(tx, "view", "outbox")? {
+        tx.execute_batch(OLD_READERS_REFUSED)?;
     }
     tx.execute(
         "UPDATE meta SET value = ?1 WHERE key = 'schema'",
         [SCHEMA_VERSION],
     )?;
     Ok(SCHEMA_VERSION)
+}
+
+fn exists(tx: &Transaction, kind: &str, name: &str) -> rusqlite::Result<bool> {
+    tx.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = ?1 AND name = ?2)",
+        [kind, name],
+        |r| r.get(0),
+    )
 }
 
 /// Seqs and cursors as SQLite integers (i64); beyond i64::MAX is "all".
@@ -372,26 +398,32 @@ mod tests {
             })
             .unwrap();
         drop(store);
-        let (_store, recovered) = EmbeddedStore::open(&config.path, &config).unwrap();
+        let (mut store, recovered) = EmbeddedStore::open(&config.path, &config).unwrap();
         // 2–4 were confirmed by both destinations and pruned.
         assert_eq!(recovered.outbox, vec![entry(5), entry(6)]);
         assert_eq!(recovered.next_seq, 7);
-        let schema: i64 = _store
+        let schema: i64 = store
             .conn
             .query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| {
                 r.get(0)
             })
             .unwrap();
         assert_eq!(schema, SCHEMA_VERSION);
-        let old_table: bool = _store
-            .conn
-            .query_row(
-                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = 'outbox')",
-                [],
-                |r| r.get(0),
-            )
+        let tx = store.conn.transaction().unwrap();
+        assert!(
+            !exists(&tx, "table", "outbox").unwrap(),
+            "version 1's table is gone"
+        );
+        // What a geogate from before version 2 runs at open: it creates
+        // nothing beside the new table, and its read fails, loudly.
+        tx.execute_batch("CREATE TABLE IF NOT EXISTS outbox (seq INTEGER PRIMARY KEY, vehicle TEXT NOT NULL, line BLOB NOT NULL)")
             .unwrap();
-        assert!(!old_table, "the version 1 table is gone");
+        assert!(!exists(&tx, "table", "outbox").unwrap());
+        let old_read = tx.prepare("SELECT seq, vehicle, line FROM outbox ORDER BY seq");
+        assert!(
+            old_read.is_err(),
+            "an older geogate must fail to read the outbox"
+        );
     }
 
     /// A commit's entries are one row; a confirmed run is pruned only as a
@@ -433,7 +465,7 @@ mod tests {
         drop(EmbeddedStore::open(&config.path, &config).unwrap());
         Connection::open(&config.path)
             .unwrap()
-            .execute("UPDATE meta SET value = 3 WHERE key = 'schema'", [])
+            .execute_batch("UPDATE meta SET value = 3 WHERE key = 'schema'; DROP TABLE vehicle;")
             .unwrap();
         let refused = EmbeddedStore::open(&config.path, &config).err().unwrap();
         assert!(
@@ -444,6 +476,51 @@ mod tests {
             refused.to_string().contains("schema version 3"),
             "{refused}"
         );
+        let mut conn = Connection::open(&config.path).unwrap();
+        let tx = conn.transaction().unwrap();
+        assert!(
+            !exists(&tx, "table", "vehicle").unwrap(),
+            "nothing created in a newer file"
+        );
+    }
+
+    /// A version 1 file with an outbox row it cannot read: the open fails
+    /// and leaves the file as it was (the move is one transaction); with
+    /// `--reset-state`, the same file opens empty.
+    #[test]
+    fn a_failed_move_leaves_the_file_as_it_was_and_a_reset_gets_past_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config(dir.path());
+        let old = Connection::open(&config.path).unwrap();
+        old.execute_batch(
+            "CREATE TABLE vehicle (id TEXT PRIMARY KEY, state BLOB NOT NULL) WITHOUT ROWID;
+             CREATE TABLE outbox (seq INTEGER PRIMARY KEY, vehicle TEXT NOT NULL, line BLOB NOT NULL);
+             CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+             INSERT INTO meta VALUES ('schema', 1), ('next_seq', 3), ('mqtt_cursor', 0);
+             INSERT INTO outbox VALUES (1, 'van1', x'7b7d'), (2, x'ff', x'7b7d');",
+        )
+        .unwrap();
+        drop(old);
+        assert!(EmbeddedStore::open(&config.path, &config).is_err());
+        let mut conn = Connection::open(&config.path).unwrap();
+        let tx = conn.transaction().unwrap();
+        assert!(exists(&tx, "table", "outbox").unwrap());
+        assert!(!exists(&tx, "table", "outbox_commit").unwrap());
+        let version: i64 = tx
+            .query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(version, 1);
+        drop(tx);
+        drop(conn);
+        let reset = StateConfig {
+            reset: true,
+            ..config.clone()
+        };
+        let (_, recovered) = EmbeddedStore::open(&reset.path, &reset).unwrap();
+        assert!(recovered.created && recovered.outbox.is_empty());
+        assert_eq!(recovered.next_seq, 1);
     }
 
     #[test]
@@ -457,7 +534,14 @@ mod tests {
             .unwrap();
         let refused = EmbeddedStore::open(&config.path, &config).err().unwrap();
         assert!(
-            matches!(refused, StateError::CorruptOutbox { last_seq: 9, .. }),
+            matches!(
+                refused,
+                StateError::CorruptOutbox {
+                    last_seq: 9,
+                    source: OutboxRowError::Cut(_),
+                    ..
+                }
+            ),
             "{refused}"
         );
     }

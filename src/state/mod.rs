@@ -72,16 +72,22 @@ pub enum StateError {
         vehicle: String,
         source: record::RecordError,
     },
-    #[error("state file {path}: the outbox row ending at seq {last_seq}: {source}")]
+    #[error(
+        "state file {path}: the outbox row ending at seq {last_seq}: {source}. Restore the file from a backup, or pass --reset-state to start from no memberships"
+    )]
     CorruptOutbox {
         path: PathBuf,
         last_seq: u64,
-        source: record::RecordError,
+        source: outbox_rows::OutboxRowError,
     },
     #[error(
-        "state file {path} has schema version {version}, written by a newer geogate; this one reads up to version 2. Run the newer geogate, or move the file aside and pass --reset-state to start from no memberships"
+        "state file {path} has schema version {version}, written by a newer geogate; this one reads up to version {readable}. Run the newer geogate, or move the file aside and pass --reset-state to start from no memberships"
     )]
-    Newer { path: PathBuf, version: i64 },
+    Newer {
+        path: PathBuf,
+        version: i64,
+        readable: i64,
+    },
     #[error("state file {path}: {source}")]
     Sqlite {
         path: PathBuf,
@@ -136,7 +142,9 @@ impl CommitBatch {
 #[derive(Debug, Default)]
 pub struct Recovered {
     pub vehicles: Vec<(VehicleId, VehicleSnapshot)>,
-    /// Committed transitions the relay had not confirmed, in seq order.
+    /// Committed transitions, in seq order, from the first row the relay
+    /// and the publisher had not both confirmed: a row may still hold
+    /// entries at or below their cursors, which each skips.
     pub outbox: Vec<OutboxEntry>,
     pub next_seq: u64,
     pub mqtt_cursor: u64,

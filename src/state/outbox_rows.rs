@@ -11,11 +11,35 @@
 //!
 //! Layout: the run's first and last seq are the row's columns; its bytes
 //! are each entry in seq order as varint length + vehicle id, then varint
-//! length + line.
+//! length + line. A run longer than [`MAX_ENTRIES_PER_ROW`] (a version 1
+//! outbox moved over after a long broker outage) takes several rows.
 
 use super::outbox::OutboxEntry;
-use super::record::{Reader, RecordError, put_str, put_varint};
+use super::record::{Reader, put_str, put_varint};
 use crate::model::VehicleId;
+
+/// Keeps a row far below SQLite's largest value (1 GB) and the memory one
+/// row needs small, whatever the outbox holds.
+pub const MAX_ENTRIES_PER_ROW: u64 = 4096;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OutboxRowError {
+    #[error("vehicle id at byte {0} is not UTF-8")]
+    VehicleNotUtf8(usize),
+    #[error("the row is cut short after {0} bytes")]
+    Cut(usize),
+    #[error("the row holds {held} entries where seqs {first}..={last} need {needed}")]
+    Count {
+        held: u64,
+        first: u64,
+        last: u64,
+        needed: u64,
+    },
+    #[error("the row starts at seq {first}, not after the previous row's last seq {previous}")]
+    Overlap { first: u64, previous: u64 },
+    #[error("the row's entries are not bytes")]
+    NotBytes,
+}
 
 /// One row: entries `first..=last`, packed.
 #[derive(Debug, PartialEq, Eq)]
@@ -31,7 +55,12 @@ pub fn pack(entries: &[OutboxEntry]) -> Vec<OutboxRow> {
     let mut rows: Vec<OutboxRow> = Vec::new();
     for e in entries {
         let row = match rows.last_mut() {
-            Some(row) if row.last.checked_add(1) == Some(e.seq) => row,
+            Some(row)
+                if row.last.checked_add(1) == Some(e.seq)
+                    && row.last - row.first + 1 < MAX_ENTRIES_PER_ROW =>
+            {
+                row
+            }
             _ => {
                 rows.push(OutboxRow {
                     first: e.seq,
@@ -49,33 +78,45 @@ pub fn pack(entries: &[OutboxEntry]) -> Vec<OutboxRow> {
     rows
 }
 
-/// The entries of the row whose first seq is `first`, appended to `into`.
-/// A row that ends early, runs past `last` or is not UTF-8 where an id is
-/// expected is an error, never a panic.
+/// The entries of the row holding seqs `first..=last`, appended to `into`.
+/// A row that ends early, holds more or fewer entries than its seqs need,
+/// or is not UTF-8 where an id is expected is an error, never a panic.
 pub fn unpack(
     first: u64,
     last: u64,
     bytes: &[u8],
     into: &mut Vec<OutboxEntry>,
-) -> Result<(), RecordError> {
-    let mut r = Reader { bytes, at: 0 };
-    let mut seq = first;
-    while r.at < bytes.len() {
-        if seq > last {
-            return Err(RecordError::Trailing(bytes.len() - r.at));
+) -> Result<(), OutboxRowError> {
+    let needed = last.checked_sub(first).map_or(0, |d| d.saturating_add(1));
+    let count_error = |held| OutboxRowError::Count {
+        held,
+        first,
+        last,
+        needed,
+    };
+    let cut = |_| OutboxRowError::Cut(bytes.len());
+    let mut r = Reader::new(bytes);
+    let mut held = 0u64;
+    while r.at() < bytes.len() {
+        if held == needed {
+            return Err(count_error(held + 1));
         }
-        let at = r.at;
-        let len = r.count()?;
-        let vehicle = std::str::from_utf8(r.take(len)?)
+        let at = r.at();
+        let len = r.count().map_err(cut)?;
+        let vehicle = std::str::from_utf8(r.take(len).map_err(cut)?)
             .map(VehicleId::from)
-            .map_err(|_| RecordError::NotUtf8(at))?;
-        let len = r.count()?;
-        let line = r.take(len)?.to_vec();
-        into.push(OutboxEntry { seq, vehicle, line });
-        seq += 1;
+            .map_err(|_| OutboxRowError::VehicleNotUtf8(at))?;
+        let len = r.count().map_err(cut)?;
+        let line = r.take(len).map_err(cut)?.to_vec();
+        into.push(OutboxEntry {
+            seq: first + held,
+            vehicle,
+            line,
+        });
+        held += 1;
     }
-    if seq != last.wrapping_add(1) {
-        return Err(RecordError::Truncated(bytes.len()));
+    if held != needed {
+        return Err(count_error(held));
     }
     Ok(())
 }
@@ -110,7 +151,7 @@ mod tests {
         })
     }
 
-    fn unpack_all(rows: &[OutboxRow]) -> Result<Vec<OutboxEntry>, RecordError> {
+    fn unpack_all(rows: &[OutboxRow]) -> Result<Vec<OutboxEntry>, OutboxRowError> {
         let mut out = Vec::new();
         for row in rows {
             unpack(row.first, row.last, &row.bytes, &mut out)?;
@@ -161,7 +202,34 @@ mod tests {
         bad[1] = 0xff;
         assert_eq!(
             unpack(7, 9, &bad, &mut Vec::new()),
-            Err(RecordError::NotUtf8(0))
+            Err(OutboxRowError::VehicleNotUtf8(0))
         );
+        assert_eq!(
+            unpack(7, 10, &rows[0].bytes, &mut Vec::new()),
+            Err(OutboxRowError::Count {
+                held: 3,
+                first: 7,
+                last: 10,
+                needed: 4
+            })
+        );
+    }
+
+    /// A long run (a version 1 outbox moved over) is cut into rows of at
+    /// most [`MAX_ENTRIES_PER_ROW`], and still reads back whole.
+    #[test]
+    fn a_long_run_takes_several_rows() {
+        let total = 2 * MAX_ENTRIES_PER_ROW + 5;
+        let entries: Vec<OutboxEntry> = (1..=total)
+            .map(|seq| OutboxEntry {
+                seq,
+                vehicle: "v".into(),
+                line: vec![b'x'],
+            })
+            .collect();
+        let rows = pack(&entries);
+        assert_eq!(rows.len(), 3);
+        assert!(rows.iter().all(|r| r.last - r.first < MAX_ENTRIES_PER_ROW));
+        assert_eq!(unpack_all(&rows), Ok(entries));
     }
 }

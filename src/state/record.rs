@@ -74,11 +74,20 @@ pub(super) fn put_str(out: &mut Vec<u8>, s: &str) {
 
 /// Reads what the `put_` functions wrote, every length checked.
 pub(super) struct Reader<'a> {
-    pub(super) bytes: &'a [u8],
-    pub(super) at: usize,
+    bytes: &'a [u8],
+    at: usize,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
+    pub(super) fn new(bytes: &'a [u8]) -> Self {
+        Self { bytes, at: 0 }
+    }
+
+    /// Bytes read so far.
+    pub(super) fn at(&self) -> usize {
+        self.at
+    }
+
     pub(super) fn take(&mut self, n: usize) -> Result<&[u8], RecordError> {
         let end = self
             .at
@@ -100,7 +109,7 @@ impl Reader<'_> {
         Ok(i64::from_le_bytes(raw))
     }
 
-    pub(super) fn varint(&mut self) -> Result<u64, RecordError> {
+    fn varint(&mut self) -> Result<u64, RecordError> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let b = self.byte()?;

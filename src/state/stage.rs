@@ -63,9 +63,14 @@ impl StateStage {
         let cursors = Arc::new(Cursors {
             file: AtomicU64::new(events_path.map_or(u64::MAX, |_| opened.file_seq)),
             mqtt: AtomicU64::new(
-                events_connection
-                    .as_ref()
-                    .map_or(u64::MAX, |_| recovered.mqtt_cursor),
+                // Stored as "all" while no broker was configured: one
+                // configured since then starts after what is committed,
+                // not after everything that will ever be.
+                events_connection.as_ref().map_or(u64::MAX, |_| {
+                    recovered
+                        .mqtt_cursor
+                        .min(recovered.next_seq.saturating_sub(1))
+                }),
             ),
         });
         let (done_tx, done_rx) = std::sync::mpsc::channel();
@@ -110,7 +115,7 @@ impl StateStage {
         // Room for what a spaced commit gathers; the memory store commits
         // at once, so its workers keep the short queue they always had.
         let queued = if durable {
-            MAX_BATCHES_PER_COMMIT
+            MAX_BATCHES_PER_COMMIT.max(shards * 4)
         } else {
             shards.max(1) * 4
         };
