@@ -202,6 +202,60 @@ fn mqtt_transitions_arrive_at_least_once_across_a_sigkill() {
     );
 }
 
+/// A broker for transitions configured after a run without one: what is
+/// committed from then on is published. (A run without one stores its
+/// MQTT cursor as "all", which once made a later publisher skip every
+/// transition it would ever have.)
+#[test]
+fn transitions_are_published_once_mqtt_is_configured_later() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let want = multiset(&reference(broker.port, &runtime));
+    let dir = tempfile::tempdir().unwrap();
+    let mut geogate = start(dir.path(), broker.port, "mqtt-later", None);
+    let first = fleet(0..FIXES / 2);
+    runtime.block_on(publish_all(broker.port, &first, None));
+    geogate.wait_processed(first.len() as f64, 60);
+    let (ok, stdout) = geogate.stop();
+    assert!(ok, "{stdout}");
+    let before = events_of(dir.path());
+    assert!(!before.is_empty(), "the first half makes transitions");
+    let (ready_tx, ready) = tokio::sync::oneshot::channel();
+    let collector = runtime.spawn(async move {
+        collect_events_until_end(broker.port, "later-collector", ready_tx).await
+    });
+    runtime.block_on(ready).expect("collector subscribed");
+    let setup = support::geogate::Setup {
+        events_mqtt: true,
+        ..setup(broker.port, "mqtt-later", "")
+    };
+    let mut geogate = GeogateProcess::start(dir.path(), &setup);
+    runtime.block_on(publish_all(broker.port, &fleet(FIXES / 2..FIXES), None));
+    let got = finish(&mut geogate, want.values().map(Vec::len).sum());
+    assert_same_as(&got, &want, "MQTT configured half-way");
+    runtime.block_on(publish_all(
+        broker.port,
+        &[(END_OF_TEST.to_owned(), b"{}".to_vec())],
+        None,
+    ));
+    let published: BTreeSet<String> = runtime
+        .block_on(collector)
+        .unwrap()
+        .iter()
+        .filter_map(|(_, v)| v["id"].as_str().map(str::to_owned))
+        .collect();
+    let after: BTreeSet<String> = got[before.len()..]
+        .iter()
+        .filter_map(|v| v["id"].as_str().map(str::to_owned))
+        .collect();
+    assert!(!after.is_empty(), "the second half makes transitions");
+    let missing: Vec<_> = after.difference(&published).collect();
+    assert!(missing.is_empty(), "never published: {missing:?}");
+}
+
 /// Subscribes to every transition topic; returns the ids never seen and
 /// how many copies arrived before [`END_OF_TEST`] (≤ 60 s).
 async fn collect_ids(
