@@ -337,6 +337,30 @@ mod tests {
         }
     }
 
+    /// The tables a version 1 file had.
+    const VERSION_1_TABLES: &str = "
+        CREATE TABLE vehicle (id TEXT PRIMARY KEY, state BLOB NOT NULL) WITHOUT ROWID;
+        CREATE TABLE outbox (seq INTEGER PRIMARY KEY, vehicle TEXT NOT NULL, line BLOB NOT NULL);
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;";
+
+    fn schema_version(conn: &Connection) -> i64 {
+        conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| {
+            r.get(0)
+        })
+        .unwrap()
+    }
+
+    /// A store created in `dir` and closed, then changed behind its back.
+    fn created_then_altered(dir: &Path, sql: &str) -> StateConfig {
+        let config = config(dir);
+        drop(EmbeddedStore::open(&config.path, &config).unwrap());
+        Connection::open(&config.path)
+            .unwrap()
+            .execute_batch(sql)
+            .unwrap();
+        config
+    }
+
     fn entry(seq: u64) -> OutboxEntry {
         OutboxEntry {
             seq,
@@ -363,11 +387,9 @@ mod tests {
         );
         {
             let old = Connection::open(&config.path).unwrap();
+            old.execute_batch(VERSION_1_TABLES).unwrap();
             old.execute_batch(
                 "PRAGMA journal_mode = WAL;
-                 CREATE TABLE vehicle (id TEXT PRIMARY KEY, state BLOB NOT NULL) WITHOUT ROWID;
-                 CREATE TABLE outbox (seq INTEGER PRIMARY KEY, vehicle TEXT NOT NULL, line BLOB NOT NULL);
-                 CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
                  INSERT INTO meta VALUES ('schema', 1), ('next_seq', 5), ('mqtt_cursor', 1);",
             )
             .unwrap();
@@ -402,13 +424,7 @@ mod tests {
         // 2–4 were confirmed by both destinations and pruned.
         assert_eq!(recovered.outbox, vec![entry(5), entry(6)]);
         assert_eq!(recovered.next_seq, 7);
-        let schema: i64 = store
-            .conn
-            .query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| {
-                r.get(0)
-            })
-            .unwrap();
-        assert_eq!(schema, SCHEMA_VERSION);
+        assert_eq!(schema_version(&store.conn), SCHEMA_VERSION);
         let tx = store.conn.transaction().unwrap();
         assert!(
             !exists(&tx, "table", "outbox").unwrap(),
@@ -461,12 +477,10 @@ mod tests {
     #[test]
     fn a_file_from_a_newer_geogate_is_refused_untouched() {
         let dir = tempfile::tempdir().unwrap();
-        let config = config(dir.path());
-        drop(EmbeddedStore::open(&config.path, &config).unwrap());
-        Connection::open(&config.path)
-            .unwrap()
-            .execute_batch("UPDATE meta SET value = 3 WHERE key = 'schema'; DROP TABLE vehicle;")
-            .unwrap();
+        let config = created_then_altered(
+            dir.path(),
+            "UPDATE meta SET value = 3 WHERE key = 'schema'; DROP TABLE vehicle;",
+        );
         let refused = EmbeddedStore::open(&config.path, &config).err().unwrap();
         assert!(
             matches!(refused, StateError::Newer { version: 3, .. }),
@@ -492,26 +506,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let config = config(dir.path());
         let old = Connection::open(&config.path).unwrap();
+        old.execute_batch(VERSION_1_TABLES).unwrap();
         old.execute_batch(
-            "CREATE TABLE vehicle (id TEXT PRIMARY KEY, state BLOB NOT NULL) WITHOUT ROWID;
-             CREATE TABLE outbox (seq INTEGER PRIMARY KEY, vehicle TEXT NOT NULL, line BLOB NOT NULL);
-             CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
-             INSERT INTO meta VALUES ('schema', 1), ('next_seq', 3), ('mqtt_cursor', 0);
+            "INSERT INTO meta VALUES ('schema', 1), ('next_seq', 3), ('mqtt_cursor', 0);
              INSERT INTO outbox VALUES (1, 'van1', x'7b7d'), (2, x'ff', x'7b7d');",
         )
         .unwrap();
         drop(old);
         assert!(EmbeddedStore::open(&config.path, &config).is_err());
         let mut conn = Connection::open(&config.path).unwrap();
+        assert_eq!(schema_version(&conn), 1);
         let tx = conn.transaction().unwrap();
         assert!(exists(&tx, "table", "outbox").unwrap());
         assert!(!exists(&tx, "table", "outbox_commit").unwrap());
-        let version: i64 = tx
-            .query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| {
-                r.get(0)
-            })
-            .unwrap();
-        assert_eq!(version, 1);
         drop(tx);
         drop(conn);
         let reset = StateConfig {
@@ -526,12 +533,10 @@ mod tests {
     #[test]
     fn a_damaged_outbox_row_is_a_precise_error() {
         let dir = tempfile::tempdir().unwrap();
-        let config = config(dir.path());
-        drop(EmbeddedStore::open(&config.path, &config).unwrap());
-        Connection::open(&config.path)
-            .unwrap()
-            .execute("INSERT INTO outbox_commit VALUES (9, 8, x'0476616e')", [])
-            .unwrap();
+        let config = created_then_altered(
+            dir.path(),
+            "INSERT INTO outbox_commit VALUES (9, 8, x'0476616e')",
+        );
         let refused = EmbeddedStore::open(&config.path, &config).err().unwrap();
         assert!(
             matches!(
