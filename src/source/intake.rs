@@ -2,10 +2,12 @@
 //! by a stable hash of the topic. Each lane is decoded on a task of its own
 //! (`pipeline::decode`), so decoding runs beside the router instead of on
 //! its thread, and in parallel when there are several lanes. One topic's
-//! messages stay in one lane, in order; a vehicle is named by its topic in
-//! both formats, so its fixes keep their order too (one that publishes
-//! under two topics can race between lanes, and the out-of-order rule
-//! covers that as it covers any late fix).
+//! messages stay in one lane, in order, so a vehicle that publishes under
+//! one topic keeps its fixes' order too. The topic does not always name
+//! the vehicle: a native payload names it in its body. One vehicle under
+//! two topics can race between lanes, and the out-of-order rule covers
+//! that as it covers any late fix: a fix older than the vehicle's last
+//! applied one is counted `out_of_order` and changes nothing.
 
 use super::Envelope;
 use std::sync::Arc;
