@@ -8,8 +8,9 @@ mod support;
 use std::collections::BTreeMap;
 use std::path::Path;
 use support::geogate::{
-    END_OF_TEST, FENCES_AB, GeogateProcess, collect_events_until_end, crossing_fixes, exclusive,
-    native, publish_all, read_ndjson, read_ndjson_so_far, setup, wait_until,
+    END_OF_TEST, FENCES_AB, GeogateProcess, accounting_term, collect_events_until_end,
+    crossing_fixes, exclusive, native, publish_all, read_ndjson, read_ndjson_so_far, setup,
+    wait_until,
 };
 
 const T0: i64 = 1_750_000_000_000;
@@ -34,14 +35,6 @@ fn pairs(events: &[serde_json::Value]) -> Vec<(String, String)> {
             )
         })
         .collect()
-}
-
-fn accounting_term(line: &str, term: &str) -> u64 {
-    line.split(&format!("{term} "))
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no {term} in {line}"))
 }
 
 /// Shutdown's drain deadline leaves work queued (and unacked); the broker

@@ -426,12 +426,9 @@ fn decode_lanes_keep_each_vehicles_order_and_change_no_transition() {
 /// transitions written are in fix-time order, alternating per fence.
 #[test]
 fn one_vehicle_under_two_topics_applies_in_fix_time_order_across_lanes() {
+    use support::geogate::{accounting_term, crossing_fix};
     const LANES: usize = 8;
-    const FIXES: i64 = 600;
-    let _serial = support::geogate::exclusive();
-    let Some(broker) = support::Mosquitto::start() else {
-        return;
-    };
+    const FIXES: u64 = 600;
     let topics = ["fleet/twin/telemetry", "fleet/twin-phone/telemetry"];
     let (intake, _) = geogate::source::intake::Intake::new(LANES, 1);
     assert_ne!(
@@ -439,12 +436,16 @@ fn one_vehicle_under_two_topics_applies_in_fix_time_order_across_lanes() {
         intake.lane_of(topics[1]),
         "the two topics must decode in different lanes"
     );
-    // Fences A and B in turn, the topic switching every third fix, so
-    // each topic carries fixes of both fences.
-    let stream: Vec<Message> = (0..FIXES)
+    let _serial = support::geogate::exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    // Fix k is in fence A when k is even and in B when odd (vehicle
+    // "twin0"); the topic switches every third fix, so each topic carries
+    // fixes of both fences.
+    let stream: Vec<Message> = (0..FIXES as i64)
         .map(|k| {
-            let lon = if k % 2 == 0 { 10.005 } else { 10.025 };
-            let (_, body) = native("twin", T0 + 1000 * k, 50.005, lon, 40.0, "move");
+            let (_, body) = crossing_fix("twin", 1, k);
             (topics[(k / 3 % 2) as usize].to_owned(), body)
         })
         .collect();
@@ -458,34 +459,23 @@ fn one_vehicle_under_two_topics_applies_in_fix_time_order_across_lanes() {
     let (ok, stdout) = geogate.terminate();
     assert!(ok, "{stdout}");
     let line = support::geogate::accounting_line(&stdout);
-    assert!(line.ends_with("(balanced)"), "{line}");
-    let term = |name: &str| -> i64 {
-        let at = line.find(&format!(" {name} ")).expect(name) + name.len() + 2;
-        let digits: String = line[at..]
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect();
-        digits.parse().expect(name)
-    };
+    // How often the race happened here: nothing a live broker can force
+    // (src/pipeline/decode.rs forces it), so printed, not asserted.
+    eprintln!("{line}");
+    let evaluated = accounting_term(line, "evaluated");
     assert_eq!(
-        (
-            term("received"),
-            term("invalid"),
-            term("shed"),
-            term("in_queue")
-        ),
-        (FIXES, 0, 0, 0),
-        "{line}"
+        line,
+        format!(
+            "accounting: received {FIXES} = invalid 0 (duplicate 0) + shed 0 + evaluated {evaluated} + out_of_order {} + in_queue 0 (balanced)",
+            FIXES.saturating_sub(evaluated)
+        )
     );
-    let applied = term("evaluated");
-    assert!(applied >= 1, "{line}");
-    assert_eq!(applied + term("out_of_order"), FIXES, "{line}");
     let events = read_ndjson(&dir.path().join("events.ndjson"));
     assert!(!events.is_empty(), "the vehicle crosses fences");
     let mut last_ts = i64::MIN;
     let mut inside: BTreeMap<String, (bool, i64)> = BTreeMap::new();
     for e in &events {
-        assert_eq!(e["vehicle"], "twin", "{e}");
+        assert_eq!(e["vehicle"], "twin0", "{e}");
         let ts = e["ts"].as_i64().expect("ts");
         assert!(
             ts >= last_ts,
@@ -494,6 +484,9 @@ fn one_vehicle_under_two_topics_applies_in_fix_time_order_across_lanes() {
         last_ts = ts;
         let fence = e["fence"].as_str().expect("fence").to_owned();
         let enter = e["event"] == "enter";
+        // The fence of the fix that caused it: entered, or the other left.
+        let fence_of_fix = if (ts - T0) / 1000 % 2 == 0 { "A" } else { "B" };
+        assert_eq!(fence == fence_of_fix, enter, "{e}: not what its fix does");
         let (was_inside, since) = inside.get(&fence).copied().unwrap_or((false, i64::MIN));
         assert_ne!(
             enter, was_inside,

@@ -70,51 +70,150 @@ mod tests {
     use super::*;
     use crate::source::intake::Intake;
 
+    fn envelope(topic: &str, vehicle: &str, ts: i64, lon: f64) -> Envelope {
+        let payload = format!(
+            r#"{{"vehicle":"{vehicle}","ts":{ts},"lat":50.005,"lon":{lon},"speed_kmh":30}}"#
+        );
+        Envelope {
+            token: None,
+            topic: topic.to_owned(),
+            payload: payload.into(),
+            received_at: std::time::Instant::now(),
+            redelivered: false,
+        }
+    }
+
+    /// Runs the decoders over lanes filled beforehand, on two threads, and
+    /// returns every fix in the order the router would take them.
+    fn decode_all(lanes: Vec<mpsc::Receiver<Envelope>>) -> Vec<Telemetry> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let mut decoded = start(lanes, CodecSettings::default());
+            let mut fixes = Vec::new();
+            while let Some(batch) = decoded.recv().await {
+                fixes.extend(batch.into_iter().map(|d| d.fix.expect("valid fixes")));
+            }
+            fixes
+        })
+    }
+
     /// 20,000 fixes of 10 vehicles, queued in 8 lanes before the decoders
     /// start and decoded on two threads: the router sees each vehicle's
     /// fixes in the order they were sent.
     #[test]
     fn each_topic_reaches_the_router_in_order() {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .build()
-            .unwrap();
         let (intake, lanes) = Intake::new(8, 20_000);
         for i in 0..20_000i64 {
-            let vehicle = i % 10;
-            let payload = format!(
-                r#"{{"vehicle":"v{vehicle}","ts":{},"lat":50.0,"lon":10.0,"speed_kmh":30}}"#,
-                1_750_000_000_000 + i
-            );
+            let vehicle = format!("v{}", i % 10);
+            let topic = format!("fleet/{vehicle}/telemetry");
+            let ts = 1_750_000_000_000 + i;
             intake
-                .try_send(Envelope {
-                    token: None,
-                    topic: format!("fleet/v{vehicle}/telemetry"),
-                    payload: payload.into(),
-                    received_at: std::time::Instant::now(),
-                    redelivered: false,
-                })
+                .try_send(envelope(&topic, &vehicle, ts, 10.0))
                 .unwrap();
         }
         drop(intake);
-        let last = runtime.block_on(async {
-            let mut decoded = start(lanes, CodecSettings::default());
-            let mut last = std::collections::HashMap::new();
-            while let Some(batch) = decoded.recv().await {
-                for d in batch {
-                    let fix = d.fix.expect("valid fixes");
-                    if let Some(before) = last.insert(fix.vehicle.clone(), fix.fix_time_ms) {
-                        assert!(
-                            before < fix.fix_time_ms,
-                            "{}: {before} then {}",
-                            fix.vehicle,
-                            fix.fix_time_ms
-                        );
-                    }
-                }
+        let mut last = std::collections::HashMap::new();
+        for fix in decode_all(lanes) {
+            if let Some(before) = last.insert(fix.vehicle.clone(), fix.fix_time_ms) {
+                assert!(
+                    before < fix.fix_time_ms,
+                    "{}: {before} then {}",
+                    fix.vehicle,
+                    fix.fix_time_ms
+                );
             }
-            last
-        });
+        }
         assert_eq!(last.len(), 10, "every vehicle came through");
+    }
+
+    /// The race that `tests/pipeline.rs` cannot force on a live broker,
+    /// made certain: one vehicle's 600 fixes under two topics in two lanes,
+    /// each lane's 300 queued before the decoders start, so each lane hands
+    /// them over in one batch and one batch reaches the router whole
+    /// before the other. The out-of-order rule then drops exactly the late
+    /// lane's fixes older than the last applied one (297 or 300, by which
+    /// lane goes first), and every transition follows the fix that caused
+    /// it in fix-time order.
+    #[test]
+    fn one_vehicle_under_two_topics_races_and_the_out_of_order_rule_holds() {
+        use crate::geofence::{
+            Evaluator, EvaluatorSettings, FenceIndex, TransitionKind, parse_fences,
+        };
+        const T0: i64 = 1_750_000_000_000;
+        let topics = ["fleet/twin/telemetry", "fleet/twin-phone/telemetry"];
+        let (intake, lanes) = Intake::new(8, 600);
+        assert_ne!(intake.lane_of(topics[0]), intake.lane_of(topics[1]));
+        // Fix k is in fence A when k is even, in B when odd; the topic
+        // switches every third fix.
+        let lon_of = |k: i64| if k % 2 == 0 { 10.005 } else { 10.025 };
+        for k in 0..600i64 {
+            let topic = topics[(k / 3 % 2) as usize];
+            intake
+                .try_send(envelope(topic, "twin", T0 + 1000 * k, lon_of(k)))
+                .unwrap();
+        }
+        drop(intake);
+        let fixes = decode_all(lanes);
+        assert_eq!(fixes.len(), 600);
+        let first_lane_ends_at = (fixes[299].fix_time_ms - T0) / 1000;
+        assert!(
+            fixes
+                .windows(2)
+                .any(|w| w[1].fix_time_ms < w[0].fix_time_ms),
+            "the two lanes reached the router in fix-time order: no race"
+        );
+
+        let square = |id: &str, west: f64| {
+            format!(
+                r#"{{"type":"Feature","id":"{id}","properties":{{}},"geometry":{{"type":"Polygon","coordinates":[[[{west},50.0],[{e},50.0],[{e},50.01],[{west},50.01],[{west},50.0]]]}}}}"#,
+                e = west + 0.01
+            )
+        };
+        let fences = format!(
+            r#"{{"type":"FeatureCollection","features":[{},{}]}}"#,
+            square("A", 10.0),
+            square("B", 10.02)
+        );
+        let index = FenceIndex::new(parse_fences(&fences).expect("valid fences"));
+        let mut evaluator = Evaluator::new(index.into(), EvaluatorSettings::default());
+        let mut transitions = Vec::new();
+        for fix in &fixes {
+            evaluator.evaluate(
+                &fix.vehicle,
+                fix.fix_time_ms,
+                fix.lat,
+                fix.lon,
+                &mut transitions,
+            );
+        }
+        let stats = evaluator.stats();
+        // The second lane's fixes later than the first lane's last one
+        // (k 597, 598 and 599 when the even topic went first) still apply.
+        let late_but_newer = (fixes[300..].iter())
+            .filter(|f| (f.fix_time_ms - T0) / 1000 > first_lane_ends_at)
+            .count() as u64;
+        assert_eq!(stats.out_of_order, 300 - late_but_newer);
+        assert!(
+            late_but_newer == 0 || late_but_newer == 3,
+            "{late_but_newer}"
+        );
+        assert_eq!(stats.evaluated + stats.out_of_order, 600);
+        let mut last_ts = i64::MIN;
+        for t in &transitions {
+            assert!(t.ts >= last_ts, "{t:?} after {last_ts}");
+            last_ts = t.ts;
+            let k = (t.ts - T0) / 1000;
+            let fence_of_fix = if k % 2 == 0 { "A" } else { "B" };
+            let expected = match t.event {
+                TransitionKind::Enter => fence_of_fix,
+                TransitionKind::Exit if fence_of_fix == "A" => "B",
+                TransitionKind::Exit => "A",
+            };
+            assert_eq!(&*t.fence, expected, "{t:?}");
+        }
+        assert!(!transitions.is_empty());
     }
 }

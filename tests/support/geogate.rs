@@ -723,3 +723,12 @@ pub fn accounting_line(stdout: &str) -> &str {
         .find(|l| l.starts_with("accounting:"))
         .unwrap_or_else(|| panic!("no accounting line in {stdout}"))
 }
+
+/// One term's count in an [`accounting_line`], found by its name.
+pub fn accounting_term(line: &str, term: &str) -> u64 {
+    line.split(&format!("{term} "))
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {term} in {line}"))
+}
