@@ -4,10 +4,12 @@
 //! its thread, and in parallel when there are several lanes. One topic's
 //! messages stay in one lane, in order, so a vehicle that publishes under
 //! one topic keeps its fixes' order too. The topic does not always name
-//! the vehicle: a native payload names it in its body. One vehicle under
-//! two topics can race between lanes, and the out-of-order rule covers
-//! that as it covers any late fix: a fix older than the vehicle's last
-//! applied one is counted `out_of_order` and changes nothing.
+//! the vehicle: a native payload with a `vehicle` field names it in its
+//! body. One vehicle under two topics can race between lanes, and the
+//! out-of-order rule covers that as it covers any late fix: a fix older
+//! than the vehicle's last applied one changes nothing and is counted
+//! `out_of_order` (or `duplicate`, when the broker flagged it a
+//! redelivery).
 
 use super::Envelope;
 use std::sync::Arc;
