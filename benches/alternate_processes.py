@@ -1,0 +1,96 @@
+"""Alternates criterion benchmarks, each in a process of its own.
+
+`alternate.py` runs a round's benchmarks in one process and always in the
+bench's order, so the first one always meets the machine first; this
+script starts a fresh process per benchmark, gives the odd rounds in the
+order given and the even rounds reversed, and can mix builds (each a bench
+binary built at the state being compared, e.g. copied from
+target/release/deps/pipeline-*) and benchmark ids freely.
+
+Each spec is LABEL=BINARY::ID (ID is anchored with `$`). A ratio A/B is
+A's median time over B's, per round, reported as the median [min-max]
+over rounds: above 1, B is the faster.
+
+  # decode-only against the pipeline, each in its own process:
+  GEOGATE_NO_DIAG=1 python3 benches/alternate_processes.py --rounds 6 \\
+      --messages 40945 \\
+      decode=target/release/deps/pipeline-HASH::in_process/decode_only \\
+      memory=target/release/deps/pipeline-HASH::in_process/pipeline_memory/2 \\
+      --ratio decode/memory
+
+Run from the repository root (the benches read the bundled capture).
+"""
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+
+UNIT = {"s": 1, "ms": 1e-3, "µs": 1e-6, "us": 1e-6, "ns": 1e-9, "ps": 1e-12}
+ESTIMATE = re.compile(r"time: *\[\S+ \S+ (\S+) (\S+) ")
+
+ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+ap.add_argument("specs", nargs="+", metavar="LABEL=BINARY::ID")
+ap.add_argument("--rounds", type=int, default=6)
+ap.add_argument("--ratio", action="append", default=[], metavar="A/B")
+ap.add_argument("--messages", type=int, help="messages per iteration, to print rates too")
+ap.add_argument("--measurement-time", default="3")
+args = ap.parse_args()
+
+specs = []
+for spec in args.specs:
+    label, sep, rest = spec.partition("=")
+    binary, sep2, bench_id = rest.partition("::")
+    if not (sep and sep2 and label and binary and bench_id):
+        sys.exit(f"not LABEL=BINARY::ID: {spec}")
+    specs.append((label, binary, bench_id))
+labels = [label for label, _, _ in specs]
+if len(set(labels)) != len(labels):
+    sys.exit("each spec needs a label of its own")
+ratios = []
+for ratio in args.ratio:
+    a, sep, b = ratio.partition("/")
+    if not sep or a not in labels or b not in labels:
+        sys.exit(f"--ratio {ratio}: not LABEL/LABEL of the specs given")
+    ratios.append((a, b))
+
+
+def median_time(binary, bench_id):
+    """Criterion's median estimate in seconds, or None when it gave none."""
+    run = subprocess.run([binary, "--bench", bench_id + "$", "--measurement-time",
+                          args.measurement_time, "--warm-up-time", "1"],
+                         capture_output=True, text=True)
+    m = ESTIMATE.search(run.stdout)
+    return float(m[1]) * UNIT[m[2]] if m else None
+
+
+times = {label: {} for label in labels}  # label -> round -> seconds
+for r in range(1, args.rounds + 1):
+    order = specs if r % 2 else specs[::-1]
+    for label, binary, bench_id in order:
+        t = median_time(binary, bench_id)
+        shown = "no estimate: the run failed or matched no benchmark" if t is None else f"{t * 1e3:.2f} ms"
+        print(f"round {r} {label}: {shown}", flush=True)
+        if t is not None:
+            times[label][r] = t
+
+
+def spread(values, fmt):
+    return f"{fmt(statistics.median(values))} [{fmt(min(values))}-{fmt(max(values))}]"
+
+
+for label in labels:
+    ts = list(times[label].values())
+    if not ts:
+        print(f"{label}: no estimate")
+        continue
+    line = f"{label}: {spread(ts, lambda t: f'{t * 1e3:.2f} ms')}"
+    if args.messages:
+        line += f", {spread([args.messages / t / 1e6 for t in ts], lambda v: f'{v:.2f}')} M/s"
+    print(f"{line} over {len(ts)} rounds")
+for a, b in ratios:
+    per_round = [times[a][r] / times[b][r] for r in times[a] if r in times[b]]
+    if per_round:
+        print(f"{a} time / {b} time: {spread(per_round, lambda v: f'{v:.3f}x')} over {len(per_round)} rounds")
+    else:
+        print(f"{a} time / {b} time: no round with both estimates")
