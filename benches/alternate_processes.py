@@ -7,7 +7,7 @@ order given and the even rounds reversed, and can mix builds (each a bench
 binary built at the state being compared, e.g. copied from
 target/release/deps/pipeline-*) and benchmark ids freely.
 
-Each spec is LABEL=BINARY::ID (ID is anchored with `$`). A ratio A/B is
+Each spec is LABEL=BINARY::ID (ID matched exactly). A ratio A/B is
 A's median time over B's, per round, reported as the median [min-max]
 over rounds: above 1, B is the faster.
 
@@ -27,7 +27,8 @@ import subprocess
 import sys
 
 UNIT = {"s": 1, "ms": 1e-3, "µs": 1e-6, "us": 1e-6, "ns": 1e-9, "ps": 1e-12}
-ESTIMATE = re.compile(r"time: *\[\S+ \S+ (\S+) (\S+) ")
+# The estimate line, not the change line after it ("time: [-6.5% -5.4% ...").
+ESTIMATE = re.compile(r"time: *\[\S+ \S+ (\S+) (s|ms|µs|us|ns|ps) ")
 
 ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 ap.add_argument("specs", nargs="+", metavar="LABEL=BINARY::ID")
@@ -56,12 +57,18 @@ for ratio in args.ratio:
 
 
 def median_time(binary, bench_id):
-    """Criterion's median estimate in seconds, or None when it gave none."""
-    run = subprocess.run([binary, "--bench", bench_id + "$", "--measurement-time",
-                          args.measurement_time, "--warm-up-time", "1"],
-                         capture_output=True, text=True)
-    m = ESTIMATE.search(run.stdout)
-    return float(m[1]) * UNIT[m[2]] if m else None
+    """Criterion's median estimate in seconds, or None (and why) when the
+    run failed or did not give exactly one estimate."""
+    run = subprocess.run([binary, "--bench", "--exact", bench_id, "--color", "never",
+                          "--measurement-time", args.measurement_time, "--warm-up-time", "1"],
+                         capture_output=True, text=True, encoding="utf-8")
+    found = ESTIMATE.findall(run.stdout)
+    if run.returncode != 0 or len(found) != 1:
+        print(f"  {bench_id}: exit {run.returncode}, {len(found)} estimates; "
+              f"stderr ends: {run.stderr[-300:]!r}", file=sys.stderr)
+        return None
+    value, unit = found[0]
+    return float(value) * UNIT[unit]
 
 
 times = {label: {} for label in labels}  # label -> round -> seconds
@@ -69,7 +76,7 @@ for r in range(1, args.rounds + 1):
     order = specs if r % 2 else specs[::-1]
     for label, binary, bench_id in order:
         t = median_time(binary, bench_id)
-        shown = "no estimate: the run failed or matched no benchmark" if t is None else f"{t * 1e3:.2f} ms"
+        shown = "no estimate (see above)" if t is None else f"{t * 1e3:.2f} ms"
         print(f"round {r} {label}: {shown}", flush=True)
         if t is not None:
             times[label][r] = t
@@ -86,7 +93,9 @@ for label in labels:
         continue
     line = f"{label}: {spread(ts, lambda t: f'{t * 1e3:.2f} ms')}"
     if args.messages:
-        line += f", {spread([args.messages / t / 1e6 for t in ts], lambda v: f'{v:.2f}')} M/s"
+        # The rate of the median time, and of the slowest and fastest runs.
+        rate = lambda t: f"{args.messages / t / 1e6:.2f}"
+        line += f", {rate(statistics.median(ts))} [{rate(max(ts))}-{rate(min(ts))}] M/s"
     print(f"{line} over {len(ts)} rounds")
 for a, b in ratios:
     per_round = [times[a][r] / times[b][r] for r in times[a] if r in times[b]]

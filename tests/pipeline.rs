@@ -426,7 +426,7 @@ fn decode_lanes_keep_each_vehicles_order_and_change_no_transition() {
 /// transitions written are in fix-time order, alternating per fence.
 #[test]
 fn one_vehicle_under_two_topics_applies_in_fix_time_order_across_lanes() {
-    use support::geogate::{accounting_term, crossing_fix};
+    use support::geogate::{CROSSING_T0, accounting_term, crossing_fix};
     const LANES: usize = 8;
     const FIXES: u64 = 600;
     let topics = ["fleet/twin/telemetry", "fleet/twin-phone/telemetry"];
@@ -485,7 +485,11 @@ fn one_vehicle_under_two_topics_applies_in_fix_time_order_across_lanes() {
         let fence = e["fence"].as_str().expect("fence").to_owned();
         let enter = e["event"] == "enter";
         // The fence of the fix that caused it: entered, or the other left.
-        let fence_of_fix = if (ts - T0) / 1000 % 2 == 0 { "A" } else { "B" };
+        let fence_of_fix = if (ts - CROSSING_T0) / 1000 % 2 == 0 {
+            "A"
+        } else {
+            "B"
+        };
         assert_eq!(fence == fence_of_fix, enter, "{e}: not what its fix does");
         let (was_inside, since) = inside.get(&fence).copied().unwrap_or((false, i64::MIN));
         assert_ne!(

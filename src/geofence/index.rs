@@ -68,10 +68,11 @@ struct Candidate {
 const FLAT_WALK_MAX: usize = 96;
 
 /// Cells per edge of a part's grid: measured on the bench's 10k fences,
-/// 4 left 48% of lookups to the edges, 16 took 1.6× fewer; 32 against 16
-/// was 1.10× [0.89–1.14] over 4 rounds, not resolved, and 64 no faster
-/// than 32 (measured at one byte per cell, before the arena held two
-/// bits). 32 stays for lack of evidence against it, and its cells fit. At 32 the bench's 10k fences take
+/// 4 left 48% of lookups to the edges, 16 took 1.6× fewer; 16's time
+/// over 32's was 1.10× [0.89–1.14] over 4 rounds, not resolved, and 64
+/// no faster than 32 (measured at one byte per cell, before the arena
+/// held two bits). 32 stays for lack of evidence against it, and its
+/// cells fit. At 32 the bench's 10k fences take
 /// 12.7 M cells (3.2 MB at two bits each), next to 6.3 MB of coordinates.
 const PART_CELLS_PER_EDGE: usize = 32;
 

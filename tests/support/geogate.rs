@@ -693,6 +693,10 @@ pub fn wait_until(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// The fix time (unix ms) of each vehicle's first [`crossing_fix`]; its
+/// fix k comes k seconds later.
+pub const CROSSING_T0: i64 = 1_750_000_000_000;
+
 /// Fix `i` of a stream of High fixes for `vehicles` vehicles named
 /// `{prefix}{n}`, alternating between fences A and B, so every fix of a
 /// vehicle after its first is one exit and one enter (its first, one
@@ -701,7 +705,7 @@ pub fn crossing_fix(prefix: &str, vehicles: i64, i: i64) -> Message {
     let (v, k) = (i % vehicles, i / vehicles);
     native(
         &format!("{prefix}{v}"),
-        1_750_000_000_000 + 1000 * k,
+        CROSSING_T0 + 1000 * k,
         50.005,
         if k % 2 == 0 { 10.005 } else { 10.025 },
         40.0,
@@ -724,11 +728,13 @@ pub fn accounting_line(stdout: &str) -> &str {
         .unwrap_or_else(|| panic!("no accounting line in {stdout}"))
 }
 
-/// One term's count in an [`accounting_line`], found by its name.
+/// One term's count in an [`accounting_line`], found by its name (a
+/// whole word: `duplicate` is written `(duplicate 0)`).
 pub fn accounting_term(line: &str, term: &str) -> u64 {
-    line.split(&format!("{term} "))
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
+    let words: Vec<&str> = line.split_whitespace().collect();
+    words
+        .windows(2)
+        .find(|w| w[0].trim_start_matches('(') == term)
+        .and_then(|w| w[1].trim_end_matches(')').parse().ok())
         .unwrap_or_else(|| panic!("no {term} in {line}"))
 }
