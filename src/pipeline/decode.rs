@@ -170,18 +170,11 @@ mod tests {
             "a lane's fixes came in more than one batch"
         );
 
-        let square = |id: &str, west: f64| {
-            format!(
-                r#"{{"type":"Feature","id":"{id}","properties":{{}},"geometry":{{"type":"Polygon","coordinates":[[[{west},50.0],[{e},50.0],[{e},50.01],[{west},50.01],[{west},50.0]]]}}}}"#,
-                e = west + 0.01
-            )
-        };
-        let fences = format!(
-            r#"{{"type":"FeatureCollection","features":[{},{}]}}"#,
-            square("A", 10.0),
-            square("B", 10.02)
-        );
-        let index = FenceIndex::new(parse_fences(&fences).expect("valid fences"));
+        // Fences A (10.00–10.01°E) and B (10.02–10.03°E).
+        const FENCES: &str = r#"{"type":"FeatureCollection","features":[
+ {"type":"Feature","id":"A","properties":{},"geometry":{"type":"Polygon","coordinates":[[[10.00,50.00],[10.01,50.00],[10.01,50.01],[10.00,50.01],[10.00,50.00]]]}},
+ {"type":"Feature","id":"B","properties":{},"geometry":{"type":"Polygon","coordinates":[[[10.02,50.00],[10.03,50.00],[10.03,50.01],[10.02,50.01],[10.02,50.00]]]}}]}"#;
+        let index = FenceIndex::new(parse_fences(FENCES).expect("valid fences"));
         let mut evaluator = Evaluator::new(index.into(), EvaluatorSettings::default());
         let mut transitions = Vec::new();
         for fix in &fixes {
