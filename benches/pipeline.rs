@@ -23,10 +23,9 @@ use geogate::geofence::{EvaluatorSettings, FenceIndex, load_fences};
 use geogate::pipeline::accounting::{Accounting, Balance};
 #[cfg(target_os = "linux")]
 use geogate::pipeline::decode::Decoded;
+use geogate::pipeline::shard::queue::{QueueReceiver, QueueSender, queue};
 use geogate::pipeline::shard::worker::BatchSink;
-use geogate::pipeline::shard::{
-    Admitted, RefusalCounters, Router, ShardInput, WorkerContext, worker,
-};
+use geogate::pipeline::shard::{RefusalCounters, Router, ShardInput, WorkerContext, worker};
 use geogate::replay::capture;
 use geogate::sink::dead_letter::DeadLetterSink;
 use geogate::source::intake::Intake;
@@ -142,12 +141,7 @@ impl Pipeline {
     /// gate that admits everything this capture sends, or, for
     /// [`Gating::ShedIdle`], a watermark at one queued event and a gate of
     /// one event a second, so nearly every idle ping is shed.
-    fn shard_input(
-        shard: usize,
-        tx: mpsc::Sender<Admitted>,
-        capacity: usize,
-        gating: Gating,
-    ) -> ShardInput {
+    fn shard_input(shard: usize, tx: QueueSender, capacity: usize, gating: Gating) -> ShardInput {
         let (watermark, gate) = match gating {
             Gating::AdmitAll => (
                 PipelineConfig::default().watermark,
@@ -216,7 +210,7 @@ impl Pipeline {
         settings: EvaluatorSettings,
         stage: &mut StateStage,
         shard: usize,
-        queue: mpsc::Receiver<Admitted>,
+        queue: QueueReceiver,
         run: &RunContext,
     ) -> tokio::task::JoinHandle<()> {
         let evaluator = stage.evaluator(shard, self.index.clone(), settings);
@@ -349,7 +343,7 @@ impl Pipeline {
         batches: Vec<Vec<Decoded>>,
         shards: usize,
         run: &RunContext,
-    ) -> Vec<mpsc::Receiver<Admitted>> {
+    ) -> Vec<QueueReceiver> {
         let (decoded_tx, decoded) = mpsc::channel(batches.len().max(1));
         let total: usize = batches.iter().map(Vec::len).sum();
         for batch in batches {
@@ -359,7 +353,7 @@ impl Pipeline {
         let capacity = 2 * total.max(1);
         let (inputs, queues) = (0..shards)
             .map(|shard| {
-                let (tx, rx) = mpsc::channel(capacity);
+                let (tx, rx) = queue(capacity);
                 (Self::shard_input(shard, tx, capacity, Gating::AdmitAll), rx)
             })
             .unzip();
@@ -373,7 +367,7 @@ impl Pipeline {
         &self,
         runtime: &tokio::runtime::Runtime,
         state: &StateConfig,
-        queues: Vec<mpsc::Receiver<Admitted>>,
+        queues: Vec<QueueReceiver>,
         run: &RunContext,
     ) {
         runtime.block_on(async {
@@ -452,7 +446,7 @@ impl Pipeline {
         let mut inputs = Vec::new();
         let mut workers = Vec::new();
         for shard in 0..shards {
-            let (tx, rx) = mpsc::channel(capacity);
+            let (tx, rx) = queue(capacity);
             inputs.push(Self::shard_input(shard, tx, capacity, gating));
             workers.push(match (&mut local, &shared) {
                 (Some(stage), _) => self.local_worker(settings, stage, shard, rx, &run),

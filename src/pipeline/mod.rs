@@ -33,6 +33,7 @@ use crate::state::stage::StateStage;
 use accounting::{Accounting, Balance};
 use rumqttc::AsyncClient;
 use shard::input::shaper_lane;
+use shard::queue::FillView;
 use shard::worker::BatchSink;
 use shard::{DeadLetterMirror, RefusalCounters, Router, ShardInput, WorkerContext};
 use std::future::Future;
@@ -90,8 +91,8 @@ impl FenceReloader {
 /// A read-only view of a running pipeline, for progress displays.
 pub struct PipelineView {
     pub accounting: Arc<Accounting>,
-    /// Weak handles: they must not keep the queues open at shutdown.
-    queues: Vec<mpsc::WeakSender<shard::Admitted>>,
+    /// Fill views: they must not keep the queues open at shutdown.
+    queues: Vec<FillView>,
     pub queue_capacity: usize,
     pub watermark: f64,
     subscribed: watch::Receiver<bool>,
@@ -110,21 +111,14 @@ impl PipelineView {
     pub fn queue_fill(&self) -> Vec<f64> {
         self.queues
             .iter()
-            .map(|w| {
-                w.upgrade().map_or(0.0, |tx| {
-                    (tx.max_capacity() - tx.capacity()) as f64 / tx.max_capacity() as f64
-                })
-            })
+            .map(|q| q.depth().map_or(0.0, |d| d as f64 / q.capacity() as f64))
             .collect()
     }
 }
 
 /// Keeps the queue gauges current between admissions (an idle queue would
 /// otherwise show its last busy depth forever).
-async fn refresh_gauges(
-    accounting: Arc<Accounting>,
-    queues: Vec<mpsc::WeakSender<shard::Admitted>>,
-) {
+async fn refresh_gauges(accounting: Arc<Accounting>, queues: Vec<FillView>) {
     let depth: Vec<metrics::Gauge> = (0..queues.len())
         .map(|s| metrics::gauge!("geogate_queue_depth", "shard" => s.to_string()))
         .collect();
@@ -133,9 +127,9 @@ async fn refresh_gauges(
     loop {
         tick.tick().await;
         in_queue.set(accounting.balance().in_queue as f64);
-        for (gauge, weak) in depth.iter().zip(&queues) {
-            if let Some(tx) = weak.upgrade() {
-                gauge.set((tx.max_capacity() - tx.capacity()) as f64);
+        for (gauge, queue) in depth.iter().zip(&queues) {
+            if let Some(d) = queue.depth() {
+                gauge.set(d as f64);
             }
         }
     }
@@ -290,8 +284,8 @@ pub async fn run(
     let mut queues = Vec::with_capacity(shard_count);
     let mut workers = Vec::with_capacity(shard_count);
     for shard in 0..shard_count {
-        let (tx, rx) = mpsc::channel(capacity);
-        queues.push(tx.downgrade());
+        let (tx, rx) = shard::queue::queue(capacity);
+        queues.push(tx.fill_view());
         let gate = config
             .gate
             .spec()

@@ -2,6 +2,7 @@
 //! burst of admitted events not yet handed to the worker.
 
 use super::Admitted;
+use super::queue::QueueSender;
 use crate::admission::{Admission, Gate};
 use crate::clock::Nanos;
 use crate::model::Priority;
@@ -23,7 +24,7 @@ pub(crate) const BURST: usize = 128;
 /// added. Pending events count against the queue capacity exactly as
 /// queued ones do.
 pub struct ShardInput {
-    pub(crate) tx: mpsc::Sender<Admitted>,
+    pub(crate) tx: QueueSender,
     pub(crate) admission: Admission,
     /// For a pacing gate: admitted events wait here until their release
     /// time, then for room in the queue.
@@ -42,7 +43,7 @@ pub struct ShardInput {
 impl ShardInput {
     pub fn new(
         shard: usize,
-        tx: mpsc::Sender<Admitted>,
+        tx: QueueSender,
         admission: Admission,
         shaper_lane: Option<mpsc::UnboundedSender<(Nanos, Admitted)>>,
     ) -> Self {
@@ -69,7 +70,7 @@ impl ShardInput {
 
     /// Events queued or pending: what the watermark is measured against.
     pub(crate) fn len(&self) -> usize {
-        self.tx.max_capacity() - self.tx.capacity() + self.pending.len()
+        self.tx.len() + self.pending.len()
     }
 
     pub(crate) fn is_full(&self) -> bool {
@@ -102,25 +103,26 @@ impl ShardInput {
         }
     }
 
-    /// Hands pending events to the worker. The router is the only other
-    /// sender on an unshaped shard and only counted room that existed, so
-    /// the room is there; waiting for it rather than `try_send` keeps that
-    /// true even if the reasoning were ever wrong. One reservation for the
-    /// whole burst, not a semaphore acquire per event.
+    /// Hands pending events to the worker, as one message per burst. The
+    /// router is the only other sender on an unshaped shard and only
+    /// counted room that existed, so the room is there; waiting for it
+    /// rather than failing keeps that true even if the reasoning were ever
+    /// wrong.
     pub(crate) async fn flush(&mut self) {
         while !self.pending.is_empty() {
             let n = self.pending.len().min(self.tx.max_capacity());
-            match self.tx.reserve_many(n).await {
-                Ok(permits) => permits
-                    .zip(self.pending.drain(..n))
-                    .for_each(|(permit, item)| permit.send(item)),
-                // The worker is gone (shutdown): as a failed `send` would,
-                // the events are dropped unfinished, so never acked.
-                Err(_) => self.pending.clear(),
+            let burst = if n == self.pending.len() {
+                std::mem::replace(&mut self.pending, Vec::with_capacity(BURST))
+            } else {
+                self.pending.drain(..n).collect()
+            };
+            // The worker is gone (shutdown): as a failed `send` would, the
+            // events are dropped unfinished, so never acked.
+            if self.tx.send_burst(burst).await.is_err() {
+                self.pending.clear();
             }
         }
-        self.depth
-            .set((self.tx.max_capacity() - self.tx.capacity()) as f64);
+        self.depth.set(self.tx.len() as f64);
     }
 
     pub(crate) fn gate_name(&self) -> &'static str {
@@ -133,7 +135,7 @@ impl ShardInput {
 pub async fn shaper_lane(
     clock: crate::clock::MonotonicClock,
     mut rx: mpsc::UnboundedReceiver<(Nanos, Admitted)>,
-    tx: mpsc::Sender<Admitted>,
+    tx: QueueSender,
 ) {
     use crate::clock::Clock;
     while let Some((release_at, item)) = rx.recv().await {

@@ -3,10 +3,12 @@
 //! evaluated in order by one worker that owns its membership state.
 //!
 //! * [`input`]: the router's view of one shard (queue, admission, bursts);
+//! * [`queue`]: the bounded queue that carries those bursts to the worker;
 //! * [`router`]: decode, dedup, route, admit, dead-letter every refusal;
 //! * [`worker`]: drain one shard into its evaluator and the event sink.
 
 pub mod input;
+pub mod queue;
 pub mod router;
 pub mod worker;
 

@@ -445,7 +445,7 @@ mod tests {
         let (dead_letter, _) =
             DeadLetterSink::open(&dir.path().join("dl.ndjson"), 1 << 30, FsyncPolicy::Flush)
                 .map_err(|e| e.to_string())?;
-        let (tx, mut rx) = mpsc::channel(capacity);
+        let (tx, mut rx) = crate::pipeline::shard::queue::queue(capacity);
         let policy = AdmissionPolicy::new(0.6, capacity).map_err(|e| e.to_string())?;
         let gate = spec.build().map_err(|e| e.to_string())?;
         let clock = ManualClock::starting_at(0);
@@ -474,7 +474,7 @@ mod tests {
             // they are handed over only when some must be started.
             if live_fill(&router) > step.fill {
                 router.flush().await;
-                while live_fill(&router) > step.fill && rx.try_recv().is_ok() {}
+                while live_fill(&router) > step.fill && rx.try_take().is_some() {}
             }
             if live_fill(&router) != step.fill {
                 return Err(format!(
@@ -497,7 +497,7 @@ mod tests {
                 let (verdict, _) = tokio::join!(router.route(envelope), async {
                     tokio::task::yield_now().await;
                     if step.verdict == Verdict::Enqueue {
-                        rx.recv().await;
+                        rx.recv_many(&mut Vec::new(), 1).await;
                     }
                 });
                 verdict

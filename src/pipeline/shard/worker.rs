@@ -9,6 +9,7 @@
 //! (`state::shared`); its messages are finished once Redis has it.
 
 use super::Admitted;
+use super::queue::QueueReceiver;
 use crate::geofence::{Evaluator, FenceIndex, FixOutcome, TransitionKind, VehicleSnapshot};
 use crate::metrics::SAMPLE_EVERY;
 use crate::model::VehicleId;
@@ -49,11 +50,7 @@ pub enum BatchSink {
 
 /// Drains one shard into its evaluator until the queue closes or the drain
 /// deadline passes.
-pub async fn worker(
-    mut rx: mpsc::Receiver<Admitted>,
-    mut evaluator: Evaluator,
-    mut ctx: WorkerContext,
-) {
+pub async fn worker(mut rx: QueueReceiver, mut evaluator: Evaluator, mut ctx: WorkerContext) {
     let overflow = metrics::counter!("geogate_membership_overflow_total");
     let mut overflow_seen = 0;
     let eval_time: Histogram = metrics::histogram!("geogate_evaluation_duration_seconds");
