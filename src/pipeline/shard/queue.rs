@@ -67,25 +67,27 @@ impl QueueSender {
         self.len() == 0
     }
 
-    /// Sends `burst` (at most `max_capacity` events), waiting until there
-    /// is room for all of it. On [`Closed`] the events are dropped
-    /// unfinished, so never acked, as a failed `mpsc::Sender::send` would.
+    /// Sends `burst`, waiting until there is room for all of it. On
+    /// [`Closed`] the events are dropped unfinished, so never acked, as a
+    /// failed `mpsc::Sender::send` would.
+    ///
+    /// # Panics
+    /// If `burst` holds more than `max_capacity` events: it would wait
+    /// forever. Callers split their bursts.
     pub async fn send_burst(&self, burst: Vec<Admitted>) -> Result<(), Closed> {
         if burst.is_empty() {
             return Ok(());
         }
-        // More than the capacity would wait forever; callers split bursts.
-        debug_assert!(
+        assert!(
             burst.len() <= self.capacity,
             "burst past the queue's capacity"
         );
-        let n = u32::try_from(burst.len()).map_err(|_| Closed)?;
-        self.room
-            .acquire_many(n)
-            .await
-            .map_err(|_| Closed)?
-            .forget();
-        self.tx.send(burst).map_err(|_| Closed)
+        let n = u32::try_from(burst.len()).expect("a queue's capacity fits in u32");
+        let room = self.room.acquire_many(n).await.map_err(|_| Closed)?;
+        self.tx.send(burst).map_err(|_| Closed)?;
+        // Given back by the worker as it takes the events (or by its drop).
+        room.forget();
+        Ok(())
     }
 
     /// Sends one event, waiting for room.
