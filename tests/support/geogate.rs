@@ -392,6 +392,12 @@ listen = "127.0.0.1:{metrics_port}"
             .expect("stdout")
             .read_to_string(&mut out)
             .expect("read stdout");
+        if !status.success() {
+            // Shown with a failing test's output; the log goes with the
+            // test's temporary directory.
+            let log = std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default();
+            eprintln!("geogate exited with {status} after SIGTERM; stdout:\n{out}\nstderr:\n{log}");
+        }
         (status.success(), out)
     }
 

@@ -422,6 +422,9 @@ fn run(config_path: Option<PathBuf>, embedded_broker: bool, reset_state: bool) -
         .enable_all()
         .build()?;
     runtime.block_on(async move {
+        // Listening before anything starts: see `shutdown_signal`.
+        let shutdown = shutdown_signal();
+        let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
         if embedded_broker {
             let broker = geogate::broker::start(config.embedded_broker.port)?;
             tracing::info!("embedded broker listening on {}", broker.addr);
@@ -433,8 +436,8 @@ fn run(config_path: Option<PathBuf>, embedded_broker: bool, reset_state: bool) -
             geogate::metrics::install(addr)?;
             tracing::info!("metrics on http://{addr}/metrics");
         }
-        let balance = geogate::pipeline::run(config, shutdown_signal(), |reloader, _view| {
-            tokio::spawn(reload_on_sighup(reloader));
+        let balance = geogate::pipeline::run(config, shutdown, |reloader, _view| {
+            tokio::spawn(reload_on_sighup(reloader, hangup));
         })
         .await?;
         println!("{}", balance.line());
@@ -446,27 +449,42 @@ fn run(config_path: Option<PathBuf>, embedded_broker: bool, reset_state: bool) -
     })
 }
 
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
+/// Resolves on SIGINT or SIGTERM. Both are listened for from the call, not
+/// from the first poll. Why: the pipeline polls its shutdown only once it
+/// has started, after its poll task may already have subscribed (and said
+/// so in the log), and a SIGTERM in between took the default action,
+/// ending the process without a drain or the accounting line.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
+    let interrupt = signal(SignalKind::interrupt());
+    let terminate = signal(SignalKind::terminate());
+    async move {
+        match (interrupt, terminate) {
+            (Ok(mut interrupt), Ok(mut terminate)) => {
+                tokio::select! {
+                    _ = interrupt.recv() => {}
+                    _ = terminate.recv() => {}
+                }
             }
-        }
-        Err(e) => {
-            tracing::warn!("cannot listen for SIGTERM ({e}); stopping on SIGINT only");
-            let _ = tokio::signal::ctrl_c().await;
+            (interrupt, terminate) => {
+                let e = interrupt.err().or(terminate.err());
+                tracing::warn!(
+                    "cannot listen for SIGINT and SIGTERM ({e:?}); stopping on Ctrl-C only"
+                );
+                let _ = tokio::signal::ctrl_c().await;
+            }
         }
     }
 }
 
-/// Reloads fences on every SIGHUP; a bad file keeps the old fences.
-async fn reload_on_sighup(reloader: geogate::pipeline::FenceReloader) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+/// Reloads fences on every SIGHUP (listened for since before the start,
+/// for the reason `shutdown_signal` gives: a SIGHUP's default action ends
+/// the process); a bad file keeps the old fences.
+async fn reload_on_sighup(
+    reloader: geogate::pipeline::FenceReloader,
+    hangup: std::io::Result<tokio::signal::unix::Signal>,
+) {
+    let Ok(mut hup) = hangup else {
         tracing::warn!("cannot listen for SIGHUP; fence reload disabled");
         return;
     };
