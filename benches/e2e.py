@@ -37,6 +37,7 @@ a half-second drain.
 Usage: .venv/bin/python benches/e2e.py [--vehicles V] [--phase live|preloaded|both] [--skip-peer]
        GEOGATE_STATE_BACKEND=memory ... runs geogate with the memory state backend;
        GEOGATE_DECODE_LANES=N ... runs geogate with N decode lanes;
+       GEOGATE_SCHED_BATCH=false ... runs geogate's threads on the normal policy;
        GEOGATE_BIN=path ... runs another build (to alternate two builds run by run).
 Needs: mosquitto, mosquitto_sub, target/release/geogate, Shapely 2, paho-mqtt.
 """
@@ -141,6 +142,11 @@ def geogate_config(client_id, qos):
         # For a same-session comparison of lane counts with one build.
         assert "# decode_lanes = 0 " in cfg
         cfg = cfg.replace("# decode_lanes = 0 ", f'decode_lanes = {int(os.environ["GEOGATE_DECODE_LANES"])} ', 1)
+    if os.environ.get("GEOGATE_SCHED_BATCH"):
+        # For a same-session comparison of the scheduling policies.
+        assert "# sched_batch = true " in cfg
+        value = {"true": "true", "false": "false"}[os.environ["GEOGATE_SCHED_BATCH"]]
+        cfg = cfg.replace("# sched_batch = true ", f"sched_batch = {value} ", 1)
     path = os.path.join(tmp, f"{client_id}.toml")
     open(path, "w").write(cfg)
     return path, mport

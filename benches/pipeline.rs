@@ -603,9 +603,9 @@ fn pipeline(c: &mut Criterion) {
     group.bench_function("decode_only", |b| {
         b.iter(|| decode_all(&payloads, &settings))
     });
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // Built as geogate builds it (its threads on SCHED_BATCH).
+    let runtime = geogate::runtime::builder(PipelineConfig::default().sched_batch)
         .worker_threads(2)
-        .enable_all()
         .build()
         .expect("runtime");
     // Rendered before each iteration, as a scrape would: histogram samples

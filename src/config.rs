@@ -232,6 +232,9 @@ pub struct PipelineConfig {
     /// topic; 0 means one per available core but the router's: one on a
     /// single core, at least two on two cores or more.
     pub decode_lanes: usize,
+    /// The runtime's threads ask Linux for `SCHED_BATCH`: no preemption on
+    /// wake-up (see [`crate::runtime`]).
+    pub sched_batch: bool,
 }
 
 /// Most decode lanes: more only adds tasks that wait.
@@ -241,6 +244,7 @@ impl Default for PipelineConfig {
     fn default() -> Self {
         Self {
             decode_lanes: 0,
+            sched_batch: true,
             shards: 0,
             queue_capacity: 4096,
             watermark: crate::admission::watermark::DEFAULT_WATERMARK,

@@ -14,7 +14,7 @@
 //! * [`replay`]: captures, record, live and virtual replay, synth;
 //! * [`lab`], [`report`], [`cli`]: what the commands show;
 //! * [`clock`], [`model`], [`config`], [`backoff`], [`broker`],
-//!   [`metrics`], [`redis_link`]: shared pieces.
+//!   [`metrics`], [`redis_link`], [`runtime`]: shared pieces.
 
 pub mod admission;
 pub mod allowance;
@@ -32,6 +32,7 @@ pub mod pipeline;
 pub mod redis_link;
 pub mod replay;
 pub mod report;
+pub mod runtime;
 pub mod sink;
 pub mod source;
 pub mod stable_hash;

@@ -13,10 +13,10 @@ use geogate::replay::{self, Pacing};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?)
+/// The pipeline's runtime ([`geogate::runtime`]); the record and replay
+/// clients are no pipeline and keep the normal scheduling policy.
+fn runtime(sched_batch: bool) -> Result<tokio::runtime::Runtime> {
+    Ok(geogate::runtime::builder(sched_batch).build()?)
 }
 
 /// `geogate demo`: the bundled config and files unless `--config` names a
@@ -26,8 +26,8 @@ pub fn demo(config_path: Option<PathBuf>) -> Result<ExitCode> {
         Some(path) => Config::load(&path).with_context(|| format!("loading {}", path.display()))?,
         None => geogate::cli::demo::bundled().context("preparing the bundled demo")?,
     };
-    let outcome =
-        runtime()?.block_on(geogate::cli::demo::run(config, |line| println!("{line}")))?;
+    let outcome = runtime(config.pipeline.sched_batch)?
+        .block_on(geogate::cli::demo::run(config, |line| println!("{line}")))?;
     println!("{}", outcome.balance.line());
     println!("report: {}", outcome.report.display());
     Ok(if outcome.balance.balances() {
@@ -44,7 +44,7 @@ pub fn record(
     limits: replay::RecordLimits,
 ) -> Result<ExitCode> {
     let listening = || eprintln!("recording: subscribed to {topics:?}");
-    let n = runtime()?.block_on(replay::record(
+    let n = runtime(false)?.block_on(replay::record(
         &url,
         &topics,
         &out,
@@ -141,7 +141,8 @@ pub fn replay(args: ReplayArgs) -> Result<ExitCode> {
         (None, None) => Pacing::Speed(1.0),
         _ => bail!("--speed and --max-rate must be > 0"),
     };
-    let (sent, acked) = runtime()?.block_on(replay::replay_live(&records, &url, pacing, true))?;
+    let (sent, acked) =
+        runtime(false)?.block_on(replay::replay_live(&records, &url, pacing, true))?;
     println!("published {sent} messages, {acked} acknowledged by the broker");
     Ok(if sent == acked {
         ExitCode::SUCCESS

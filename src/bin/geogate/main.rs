@@ -418,9 +418,7 @@ fn run(config_path: Option<PathBuf>, embedded_broker: bool, reset_state: bool) -
         return Ok(ExitCode::from(2));
     }
     config.state.reset = reset_state;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let runtime = geogate::runtime::builder(config.pipeline.sched_batch).build()?;
     runtime.block_on(async move {
         // Listening before anything starts: see `shutdown_signal`.
         let shutdown = shutdown_signal();
