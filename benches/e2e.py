@@ -30,7 +30,10 @@ from the first poll that sees it connected (the same window, less its own
 start-up), and both report `broker_cpu` and `consumer_cpu`: the CPUs the
 broker and the consumer kept busy (CPU seconds from /proc/<pid>/stat, or
 times(2) of the reaped mosquitto_sub, over wall seconds) over mosquitto_sub's
-whole process and over geogate's window from its connect. Each CPU time is
+whole process and over geogate's window from its connect. geogate's records
+also carry `latency`: the p50 and p99 of its own sampled receive-to-finished
+histogram, in ms, read as Prometheus reads a histogram (linear within a
+bucket, and the buckets are about 2.5x apart, so coarse). Each CPU time is
 cut to whole 10 ms ticks, so a difference is good to ±20 ms: about ±4% on
 a half-second drain.
 
@@ -49,7 +52,7 @@ import sys
 import tempfile
 import time
 
-from harness import free_port, scrape, start_mosquitto, synth_capture
+from harness import free_port, latency_quantiles, scrape, start_mosquitto, synth_capture
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # GEOGATE_BIN: another build, to alternate two builds run by run.
@@ -201,6 +204,8 @@ def geogate_rate(proc, mport):
         # One poll saw the whole drain: no window to time.
         print("warning: geogate's drain was not timed (no poll fell inside it)", file=sys.stderr)
         last = None
+    # Receive to finished, from geogate's own sampled histogram.
+    cpu = (cpu or {}) | {"latency": latency_quantiles(mport)}
     proc.terminate()
     accounting = proc.communicate(timeout=60)[0].strip()
     return int(done), (round(done / (last - first)) if last else 0), accounting, transitions, cpu
@@ -233,9 +238,10 @@ if args.phase in ("live", "both"):
     for qos in (0, 1):
         gg, mport = start_geogate(f"live-{qos}-{time.time_ns()}", qos)
         pub = publish_background()
-        done, rate, accounting, transitions, _ = geogate_rate(gg, mport)
+        done, rate, accounting, transitions, extra = geogate_rate(gg, mport)
         pub.wait()
-        record("live", f"geogate run qos{qos}", done, rate, accounting=accounting, transitions=transitions)
+        record("live", f"geogate run qos{qos}", done, rate, accounting=accounting, transitions=transitions,
+               latency=extra["latency"])
     p = peer()
     time.sleep(1.5)
     pub = publish_background()

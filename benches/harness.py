@@ -36,6 +36,36 @@ def scrape(mport):
     return out
 
 
+def latency_quantiles(mport, metric="geogate_end_to_end_latency_seconds", qs=(0.5, 0.99)):
+    """Quantiles of one of geogate's histograms, in milliseconds, as
+    Prometheus's histogram_quantile reads them (linear within a bucket, so
+    good to the bucket's width: the latency buckets are about 2.5x apart);
+    None when nothing was recorded."""
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=2).read().decode()
+    except OSError:
+        return None
+    buckets = []
+    for line in body.splitlines():
+        if line.startswith(metric + "_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
+    buckets.sort()
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    total, out = buckets[-1][1], {}
+    for q in qs:
+        rank, lower, below = q * total, 0.0, 0.0
+        for upper, count in buckets:
+            if count >= rank:
+                upper = lower if upper == float("inf") else upper
+                share = (rank - below) / (count - below) if count > below else 1.0
+                out[f"p{round(q * 100)}_ms"] = round((lower + (upper - lower) * share) * 1e3, 3)
+                break
+            lower, below = upper, count
+    return out
+
+
 def synth_capture(geogate, vehicles, tmp):
     """The synthetic shift change for `vehicles` (seed 2) in `tmp`: (path, messages)."""
     import gzip

@@ -379,3 +379,62 @@ fn huge_pages_are_off_unless_mimalloc_allow_thp_keeps_them() {
     let (ok, _) = geogate.terminate();
     assert!(ok);
 }
+
+/// Each thread's scheduling policy (field 41 of its `stat`; 3 is
+/// `SCHED_BATCH`) of a process (`self` or a pid), by thread id; `None`
+/// where /proc does not say.
+fn thread_policies(pid: &str) -> Option<Vec<(u32, u32)>> {
+    let mut policies = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let task = task.ok()?;
+        let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+        // The name in parentheses may hold spaces: count from after it,
+        // where field 3 starts.
+        let (_, fields) = stat.rsplit_once(')')?;
+        let policy = fields.split_whitespace().nth(41 - 3)?.parse().ok()?;
+        policies.push((task.file_name().to_str()?.parse().ok()?, policy));
+    }
+    Some(policies)
+}
+
+/// `pipeline.sched_batch` (on by default) puts the runtime's threads on
+/// `SCHED_BATCH`, and leaves the main thread, which only waits for the
+/// pipeline, as it was; off, no thread is changed. Skipped where the test
+/// runner is not on the normal policy itself (geogate keeps a policy it
+/// was started with).
+#[cfg(target_os = "linux")]
+#[test]
+fn runtime_threads_run_on_sched_batch_unless_the_config_turns_it_off() {
+    const SCHED_OTHER: u32 = 0;
+    const SCHED_BATCH: u32 = 3;
+    let _serial = exclusive();
+    let started_with = thread_policies("self").and_then(|p| p.first().map(|&(_, policy)| policy));
+    if started_with != Some(SCHED_OTHER) {
+        eprintln!("skipped: this test process is not on SCHED_OTHER ({started_with:?})");
+        return;
+    }
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    for (pipeline, batch_expected) in [("", true), ("sched_batch = false", false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let geogate = GeogateProcess::start(dir.path(), &setup(broker.port, "sched", pipeline));
+        let pid = geogate.pid();
+        let policies = thread_policies(&pid.to_string()).expect("/proc/PID/task");
+        let on_batch = policies.iter().filter(|&&(_, p)| p == SCHED_BATCH).count();
+        let main = policies
+            .iter()
+            .find(|&&(tid, _)| tid == pid)
+            .map(|&(_, p)| p);
+        assert_eq!(main, Some(SCHED_OTHER), "{pipeline:?}: {policies:?}");
+        if batch_expected {
+            // At least the runtime's workers (one per core, so at least
+            // one) and the router's and the committer's threads.
+            assert!(on_batch >= 3, "{pipeline:?}: {policies:?}");
+        } else {
+            assert_eq!(on_batch, 0, "{pipeline:?}: {policies:?}");
+        }
+        let (ok, _) = geogate.terminate();
+        assert!(ok);
+    }
+}

@@ -14,7 +14,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// The pipeline's runtime ([`geogate::runtime`]); the record and replay
-/// clients are no pipeline and keep the normal scheduling policy.
+/// clients are not the pipeline and keep the policy geogate was started
+/// with.
 fn runtime(sched_batch: bool) -> Result<tokio::runtime::Runtime> {
     Ok(geogate::runtime::builder(sched_batch).build()?)
 }
