@@ -45,10 +45,11 @@ pub fn builder(sched_batch: bool) -> Builder {
 }
 
 /// Moves the calling thread from `SCHED_OTHER` to `SCHED_BATCH`. Best
-/// effort: refused (a seccomp profile can forbid the call; musl does not
-/// implement it), the thread keeps its policy, and the first refusal is
-/// logged; so is the first thread found on another policy, which is left
-/// alone.
+/// effort: refused (a seccomp profile can forbid the call), the thread
+/// keeps its policy, and the first refusal is logged; so is the first
+/// thread found on another policy, which is left alone. Through
+/// `pthread_setschedparam` rather than `sched_setscheduler`, which acts on
+/// one thread on glibc but not on musl.
 fn prefer_batch() {
     #[cfg(target_os = "linux")]
     match batch::switch() {
