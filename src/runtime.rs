@@ -48,8 +48,8 @@ pub fn builder(sched_batch: bool) -> Builder {
 /// effort: refused (a seccomp profile can forbid the call), the thread
 /// keeps its policy, and the first refusal is logged; so is the first
 /// thread found on another policy, which is left alone. Through
-/// `pthread_setschedparam` rather than `sched_setscheduler`, which acts on
-/// one thread on glibc but not on musl.
+/// `pthread_setschedparam` rather than `sched_setscheduler`, which musl
+/// does not implement (it returns `ENOSYS` there).
 fn prefer_batch() {
     #[cfg(target_os = "linux")]
     match batch::switch() {
