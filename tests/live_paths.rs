@@ -380,10 +380,9 @@ fn huge_pages_are_off_unless_mimalloc_allow_thp_keeps_them() {
     assert!(ok);
 }
 
-/// Each thread's scheduling policy (field 41 of its `stat`; 3 is
-/// `SCHED_BATCH`) of a process (`self` or a pid), by thread id; `None`
-/// where /proc does not say.
-fn thread_policies(pid: &str) -> Option<Vec<(u32, u32)>> {
+/// Each thread's scheduling policy (field 41 of its `stat`) of a process
+/// (`self` or a pid), by thread id; `None` where /proc does not say.
+fn thread_policies(pid: &str) -> Option<Vec<(u32, libc::c_int)>> {
     let mut policies = Vec::new();
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
         let task = task.ok()?;
@@ -405,8 +404,7 @@ fn thread_policies(pid: &str) -> Option<Vec<(u32, u32)>> {
 #[cfg(target_os = "linux")]
 #[test]
 fn runtime_threads_run_on_sched_batch_unless_the_config_turns_it_off() {
-    const SCHED_OTHER: u32 = 0;
-    const SCHED_BATCH: u32 = 3;
+    use libc::{SCHED_BATCH, SCHED_OTHER};
     let _serial = exclusive();
     let started_with = thread_policies("self").and_then(|p| p.first().map(|&(_, policy)| policy));
     if started_with != Some(SCHED_OTHER) {
