@@ -28,8 +28,8 @@ use tokio::sync::{mpsc, watch};
 
 /// Batches waiting beyond this many are left for the next transaction, so
 /// that one transaction (and the acks behind it) stays short. Also how many
-/// the workers may queue for a durable store's committer before they wait:
-/// enough for every batch a spaced commit ([`COMMIT_SPACING`]) lets gather.
+/// the workers may queue for the committer before they wait: enough for
+/// every batch a spaced commit ([`COMMIT_SPACING`]) lets gather.
 pub const MAX_BATCHES_PER_COMMIT: usize = 64;
 
 /// A durable store's commit starts no sooner than this after the previous
