@@ -271,7 +271,6 @@ fn native(
         fix_time_ms,
         lat,
         lon,
-        speed_kmh,
         priority,
     })
 }
@@ -297,7 +296,6 @@ fn owntracks(topic: &str, wire: Wire, settings: &CodecSettings) -> Result<Teleme
         fix_time_ms,
         lat,
         lon,
-        speed_kmh,
         priority,
     })
 }
