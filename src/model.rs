@@ -39,8 +39,9 @@ pub struct Telemetry {
     pub fix_time_ms: i64,
     pub lat: f64,
     pub lon: f64,
+    pub speed_kmh: Option<f64>,
     /// From `kind` (native) or the trigger `t` (OwnTracks) and the speed;
-    /// the kind and the speed are checked but not kept: nothing downstream
-    /// reads them (and copying the kind cost an allocation per message).
+    /// the kind itself is checked but not kept: nothing downstream reads
+    /// it, and copying it cost an allocation per message.
     pub priority: Priority,
 }

@@ -271,6 +271,7 @@ fn native(
         fix_time_ms,
         lat,
         lon,
+        speed_kmh,
         priority,
     })
 }
@@ -296,6 +297,7 @@ fn owntracks(topic: &str, wire: Wire, settings: &CodecSettings) -> Result<Teleme
         fix_time_ms,
         lat,
         lon,
+        speed_kmh,
         priority,
     })
 }
