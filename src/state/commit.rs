@@ -28,8 +28,10 @@ use tokio::sync::{mpsc, watch};
 
 /// Batches waiting beyond this many are left for the next transaction, so
 /// that one transaction (and the acks behind it) stays short. Also how many
-/// the workers may queue for the committer before they wait: enough for
-/// every batch a spaced commit ([`COMMIT_SPACING`]) lets gather.
+/// the workers may queue for the committer before they wait (4 a shard
+/// past 16 shards): for a durable store, enough for every batch a spaced
+/// commit ([`COMMIT_SPACING`]) lets gather; for the memory store, see
+/// `state::stage`.
 pub const MAX_BATCHES_PER_COMMIT: usize = 64;
 
 /// A durable store's commit starts no sooner than this after the previous

@@ -112,12 +112,14 @@ impl StateStage {
             done: done_tx,
         };
         let relay = tokio::spawn(relay.run(recovered.outbox, committed_rx));
-        // Room for what a spaced commit gathers, and for every store: the
-        // committer's thread does not preempt on wake-up (`SCHED_BATCH`),
-        // so with the memory store's old 4 batches a shard the workers
-        // kept filling the queue, parking, and being woken again. 64:
-        // 1.04× and 1.06× faster in-process, a third fewer context
-        // switches (BENCHMARKS.md, "A longer commit queue").
+        // Room for what a spaced commit gathers, and the same for the
+        // memory store: with `pipeline.sched_batch` (the default) the
+        // committer's thread, woken, waits for a core instead of preempting,
+        // and with the memory store's old 4 batches a shard the workers
+        // kept filling the queue, parking and being woken again. 64 for 2
+        // shards: `pipeline_memory/2` 1.04–1.06× faster, about 37% fewer
+        // context switches; level with `sched_batch = false`
+        // (BENCHMARKS.md, "A longer commit queue").
         let (commits, commits_rx) = mpsc::channel(MAX_BATCHES_PER_COMMIT.max(shards * 4));
         let committer = Committer {
             store: opened.store,
