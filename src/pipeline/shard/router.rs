@@ -123,7 +123,10 @@ impl<C: Clock + 'static> Router<C> {
     /// Measured in benches/pipeline.rs, with the bursts of [`ShardInput`]:
     /// +12–30% in-process throughput, 1.4 CPUs busy instead of 1.05. Since
     /// the decode lanes, a task is level with the thread (1.04× [0.96–1.09],
-    /// BENCHMARKS.md "Where a run's time goes"), so the thread stays.
+    /// BENCHMARKS.md "Where a run's time goes"), so the thread stays. Nor
+    /// do the lanes route their own batches under a lock on the router:
+    /// 0.71× in-process, with fewer cores busy (BENCHMARKS.md, "Routing in
+    /// the lanes").
     pub fn spawn(
         self,
         intake: mpsc::Receiver<Vec<Decoded>>,
