@@ -10,7 +10,7 @@
 //! files; readers skip a torn line.)
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 pub struct AppendFile {
@@ -136,9 +136,66 @@ impl AppendFile {
     }
 }
 
+/// Offset of the last `\n` before offset `before`, looking back at most
+/// `limit` bytes. Read backwards in chunks that start small: a file that
+/// ends cleanly, the usual case, is settled by its last few KiB however
+/// large it has grown (the dead letter's fixed 1 MiB tail read was most
+/// of the in-process bench's start: BENCHMARKS.md, "The dead letter's
+/// start and writes").
+pub fn last_newline(file: &mut File, before: u64, limit: u64) -> io::Result<Option<u64>> {
+    const FIRST_CHUNK: u64 = 4 * 1024;
+    const MAX_CHUNK: u64 = 64 * 1024;
+    let floor = before.saturating_sub(limit);
+    let (mut end, mut chunk, mut buf) = (before, FIRST_CHUNK, Vec::new());
+    while end > floor {
+        let start = end.saturating_sub(chunk).max(floor);
+        buf.resize((end - start) as usize, 0);
+        file.seek(SeekFrom::Start(start))?;
+        file.read_exact(&mut buf)?;
+        if let Some(i) = buf.iter().rposition(|&b| b == b'\n') {
+            return Ok(Some(start + i as u64));
+        }
+        end = start;
+        chunk = (chunk * 2).min(MAX_CHUNK);
+    }
+    Ok(None)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Against a plain search of the bytes in reach: newlines anywhere,
+        /// including on and across the chunk edges (4, 8, 16 KiB, ...).
+        #[test]
+        fn last_newline_finds_what_a_plain_search_finds(
+            len in 0usize..150_000,
+            newlines in prop::collection::vec(0.0f64..1.0, 0..4),
+            before in 0.0f64..=1.0,
+            limit in prop::sample::select(vec![0u64, 1, 4096, 4097, 70_000, 1 << 20, u64::MAX]),
+        ) {
+            let mut bytes = vec![b'x'; len];
+            for at in &newlines {
+                if len > 0 {
+                    bytes[((len - 1) as f64 * at) as usize] = b'\n';
+                }
+            }
+            let before = (len as f64 * before) as u64;
+            let floor = before.saturating_sub(limit) as usize;
+            let expected = bytes[floor..before as usize]
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map(|i| (floor + i) as u64);
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("tail");
+            std::fs::write(&path, &bytes).unwrap();
+            let mut file = File::open(&path).unwrap();
+            prop_assert_eq!(last_newline(&mut file, before, limit).unwrap(), expected);
+        }
+    }
 
     #[test]
     fn a_failed_write_keeps_its_bytes_and_a_reopened_path_takes_them() {

@@ -13,13 +13,13 @@
 //! A crash can tear the last line. [`DeadLetterSink::open`] detects a torn
 //! tail, reports it, and starts the next record on a fresh line: never fatal.
 
-use super::append_file::AppendFile;
+use super::append_file::{AppendFile, last_newline};
 use super::health::SinkHealth;
 use crate::config::FsyncPolicy;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom};
+use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 /// One record. Its text borrows from the refused message where it can
@@ -327,16 +327,13 @@ fn torn_tail(file: &mut File, len: u64) -> io::Result<Recovery> {
         return Ok(Recovery::Clean);
     }
     // Scan back (at most 1 MiB) for the last newline.
-    let window = len.min(1 << 20);
-    file.seek(SeekFrom::Start(len - window))?;
-    let mut tail = Vec::with_capacity(window as usize);
-    file.take(window).read_to_end(&mut tail)?;
-    Ok(match tail.iter().rposition(|&b| b == b'\n') {
-        Some(i) if i + 1 == tail.len() => Recovery::Clean,
-        Some(i) => Recovery::TornTail {
-            bytes: (tail.len() - i - 1) as u64,
+    const WINDOW: u64 = 1 << 20;
+    Ok(match last_newline(file, len, WINDOW)? {
+        Some(i) if i + 1 == len => Recovery::Clean,
+        Some(i) => Recovery::TornTail { bytes: len - i - 1 },
+        None => Recovery::TornTail {
+            bytes: len.min(WINDOW),
         },
-        None => Recovery::TornTail { bytes: window },
     })
 }
 

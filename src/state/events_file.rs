@@ -8,6 +8,7 @@
 //! once the state file's lock is held: a second geogate started by mistake
 //! must not cut the line the first one is writing.
 
+use crate::sink::append_file::last_newline;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::Path;
@@ -36,7 +37,7 @@ pub fn read(path: &Path) -> io::Result<Tail> {
         Err(e) => return Err(e),
     };
     let len = file.metadata()?.len();
-    let Some(end) = last_newline(&mut file, len)? else {
+    let Some(end) = last_newline(&mut file, len, u64::MAX)? else {
         // Not one complete line: all of it is torn.
         return Ok(Tail {
             torn_bytes: len,
@@ -136,7 +137,7 @@ fn each_complete_line_backwards(
         Err(e) => return Err(e),
     };
     let len = file.metadata()?.len();
-    match last_newline(&mut file, len)? {
+    match last_newline(&mut file, len, u64::MAX)? {
         Some(end) => each_line_backwards(&mut file, end, n, visit),
         None => Ok(()),
     }
@@ -193,24 +194,6 @@ fn each_line_backwards(
         }
         chunk_end = start;
     }
-}
-
-/// Offset of the last `\n` before `before`, reading backwards in chunks.
-fn last_newline(file: &mut File, before: u64) -> io::Result<Option<u64>> {
-    const CHUNK: u64 = 64 * 1024;
-    let mut end = before;
-    let mut buf = vec![0; CHUNK as usize];
-    while end > 0 {
-        let start = end.saturating_sub(CHUNK);
-        let chunk = &mut buf[..(end - start) as usize];
-        file.seek(SeekFrom::Start(start))?;
-        file.read_exact(chunk)?;
-        if let Some(i) = chunk.iter().rposition(|&b| b == b'\n') {
-            return Ok(Some(start + i as u64));
-        }
-        end = start;
-    }
-    Ok(None)
 }
 
 #[cfg(test)]
