@@ -166,10 +166,53 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// `last_newline` against a plain search of `bytes[floor..before]`.
+    fn check_last_newline(bytes: &[u8], before: u64, limit: u64) -> Result<(), TestCaseError> {
+        let floor = before.saturating_sub(limit) as usize;
+        let expected = bytes[floor..before as usize]
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map(|i| (floor + i) as u64);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tail");
+        std::fs::write(&path, bytes).unwrap();
+        let mut file = File::open(&path).unwrap();
+        prop_assert_eq!(last_newline(&mut file, before, limit).unwrap(), expected);
+        Ok(())
+    }
+
+    /// One newline exactly on each place a chunked reader can get wrong:
+    /// the last byte, either side of the chunk edges (4, 4+8 and 4+8+16
+    /// KiB back), either side of the limit, and the first byte.
+    #[test]
+    fn last_newline_on_the_chunk_edges_and_the_limit() {
+        const LEN: u64 = 100_000;
+        const LIMIT: u64 = 50_000;
+        let edges = [
+            1,
+            4096,
+            4097,
+            12_288,
+            12_289,
+            28_672,
+            28_673,
+            LIMIT,
+            LIMIT + 1,
+            LEN,
+        ];
+        for back in edges {
+            let mut bytes = vec![b'x'; LEN as usize];
+            bytes[(LEN - back) as usize] = b'\n';
+            for limit in [LIMIT, u64::MAX] {
+                check_last_newline(&bytes, LEN, limit).unwrap();
+            }
+        }
+        check_last_newline(b"", 0, u64::MAX).unwrap();
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
-        /// Against a plain search of the bytes in reach: newlines anywhere,
-        /// including on and across the chunk edges (4, 8, 16 KiB, ...).
+        /// Against a plain search of the bytes in reach, newlines anywhere.
         #[test]
         fn last_newline_finds_what_a_plain_search_finds(
             len in 0usize..150_000,
@@ -183,17 +226,7 @@ mod tests {
                     bytes[((len - 1) as f64 * at) as usize] = b'\n';
                 }
             }
-            let before = (len as f64 * before) as u64;
-            let floor = before.saturating_sub(limit) as usize;
-            let expected = bytes[floor..before as usize]
-                .iter()
-                .rposition(|&b| b == b'\n')
-                .map(|i| (floor + i) as u64);
-            let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("tail");
-            std::fs::write(&path, &bytes).unwrap();
-            let mut file = File::open(&path).unwrap();
-            prop_assert_eq!(last_newline(&mut file, before, limit).unwrap(), expected);
+            check_last_newline(&bytes, (len as f64 * before) as u64, limit)?;
         }
     }
 

@@ -413,6 +413,23 @@ mod tests {
         assert_eq!(bad, [2], "the torn line is kept and reported");
     }
 
+    /// The tail check reads back in small chunks now: a clean file far
+    /// longer than one chunk is still clean, and a torn line longer than
+    /// the 1 MiB searched is reported as 1 MiB torn, as before.
+    #[test]
+    fn tail_check_on_a_long_clean_file_and_a_torn_line_past_the_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dl.ndjson");
+        let line = format!("{}\n", "y".repeat(9_999));
+        std::fs::write(&path, line.repeat(50)).unwrap();
+        let (_, recovery) = DeadLetterSink::open(&path, 1 << 30, FsyncPolicy::Flush).unwrap();
+        assert_eq!(recovery, Recovery::Clean);
+        let torn = dir.path().join("torn.ndjson");
+        std::fs::write(&torn, format!("{line}{}", "z".repeat((1 << 20) + 7))).unwrap();
+        let (_, recovery) = DeadLetterSink::open(&torn, 1 << 30, FsyncPolicy::Flush).unwrap();
+        assert_eq!(recovery, Recovery::TornTail { bytes: 1 << 20 });
+    }
+
     #[test]
     fn rotation_keeps_rotate_keep_files_and_counts_what_it_deletes() {
         // Written one by one, and queued in batches of 37 (rotations then
