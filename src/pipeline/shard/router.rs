@@ -187,7 +187,9 @@ impl<C: Clock> Router<C> {
 
     /// Queues a refusal's record in the dead letter; the message is
     /// finished (counted, mirrored, acked) by [`Self::finish_refusals`]
-    /// once the record is written, at the next flush.
+    /// once the record is written: when the lane batch that brought it has
+    /// been routed, or earlier, before the router waits for room in a
+    /// queue it found full.
     fn refuse(&mut self, refusal: Refusal, record: DeadLetter, token: Option<AckToken>) {
         let line = self.dead_letter.queue(&record);
         let mirrored = self.mirror.as_ref().map(|_| line.to_vec());
