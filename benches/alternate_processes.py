@@ -8,7 +8,7 @@ binary built at the state being compared, e.g. copied from
 target/release/deps/pipeline-*) and benchmark ids freely.
 
 Each spec is LABEL=BINARY::ID (ID matched exactly). A ratio A/B is
-A's median time over B's, per round, reported as the median [min-max]
+A's time over B's, per round, reported as the median [min-max]
 over rounds: above 1, B is the faster.
 
   # decode-only against the pipeline, each in its own process:
@@ -56,9 +56,11 @@ for ratio in args.ratio:
     ratios.append((a, b))
 
 
-def median_time(binary, bench_id):
-    """Criterion's median estimate in seconds, or None (and why) when the
-    run failed or did not give exactly one estimate."""
+def estimate_time(binary, bench_id):
+    """Criterion's printed point estimate in seconds (the slope of a
+    linear sampling, the mean of a flat one: not the median that
+    `alternate.py` reads), or None (and why) when the run failed or did
+    not give exactly one estimate."""
     run = subprocess.run([binary, "--bench", "--exact", bench_id, "--color", "never",
                           "--measurement-time", args.measurement_time, "--warm-up-time", "1"],
                          capture_output=True, text=True, encoding="utf-8")
@@ -75,7 +77,7 @@ times = {label: {} for label in labels}  # label -> round -> seconds
 for r in range(1, args.rounds + 1):
     order = specs if r % 2 else specs[::-1]
     for label, binary, bench_id in order:
-        t = median_time(binary, bench_id)
+        t = estimate_time(binary, bench_id)
         shown = "no estimate (see above)" if t is None else f"{t * 1e3:.2f} ms"
         print(f"round {r} {label}: {shown}", flush=True)
         if t is not None:
@@ -93,7 +95,7 @@ for label in labels:
         continue
     line = f"{label}: {spread(ts, lambda t: f'{t * 1e3:.2f} ms')}"
     if args.messages:
-        # The rate of the median time, and of the slowest and fastest runs.
+        # The rate of the median over rounds, and of the slowest and fastest runs.
         rate = lambda t: f"{args.messages / t / 1e6:.2f}"
         line += f", {rate(statistics.median(ts))} [{rate(max(ts))}-{rate(min(ts))}] M/s"
     print(f"{line} over {len(ts)} rounds")
