@@ -158,9 +158,10 @@ impl<C: Clock> Router<C> {
             }
             // Refusals are written once per lane batch, not with every
             // shard burst: at the bench's 1% of refusals that was a write
-            // of a record or two every 128 messages, 228 writes a run
-            // where now 80 (BENCHMARKS.md, "The dead letter's start and
-            // writes"). A refusal still waits only for its own batch.
+            // of a record or two every 128 messages, about 237 writes a
+            // run where now about 83 (BENCHMARKS.md, "The dead letter's
+            // start and writes"). A refusal still waits only for its own
+            // batch.
             if intake.is_empty() {
                 self.flush().await;
                 since_flush = 0;
