@@ -460,9 +460,9 @@ impl Pipeline {
             });
         }
         // Built before the lanes start, as `pipeline::run` builds it: built
-        // after, the lanes decoded a head start while the dead letter was
-        // opened, which the live pipeline never gets (BENCHMARKS.md, "The
-        // dead letter's start and writes").
+        // after, the lanes got a head start, decoding while the dead letter
+        // was opened, which the live pipeline never gets (BENCHMARKS.md,
+        // "The dead letter's start and writes").
         let router = self.router(inputs, &run);
         let decoded = geogate::pipeline::decode::start(intake, CodecSettings::default());
         // Started as `pipeline::run` starts it, on its own thread.
