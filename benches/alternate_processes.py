@@ -11,6 +11,14 @@ Each spec is LABEL=BINARY::ID (ID matched exactly). A ratio A/B is
 A's time over B's, per round, reported as the median [min-max]
 over rounds: above 1, B is the faster.
 
+Each run's time is read two ways, and both are reported: criterion's
+printed point estimate (the slope of a linear sampling, the mean of a flat
+one) and the median of the run's per-iteration times from its
+`sample.json` (what `alternate.py` reads). Why both: the pipeline's
+benchmarks sample flat, and their mean carries every slow outlier of a
+noisy machine, while decode-only's slope does not; a ratio of the two
+mixes statistics. The median of both sides is the like-for-like one.
+
   # decode-only against the pipeline, each in its own process:
   GEOGATE_NO_DIAG=1 python3 benches/alternate_processes.py --rounds 6 \\
       --messages 40945 \\
@@ -21,10 +29,13 @@ over rounds: above 1, B is the faster.
 Run from the repository root (the benches read the bundled capture).
 """
 import argparse
+import json
+import os
 import re
 import statistics
 import subprocess
 import sys
+import time
 
 UNIT = {"s": 1, "ms": 1e-3, "µs": 1e-6, "us": 1e-6, "ns": 1e-9, "ps": 1e-12}
 # The estimate line, not the change line after it ("time: [-6.5% -5.4% ...").
@@ -56,11 +67,31 @@ for ratio in args.ratio:
     ratios.append((a, b))
 
 
+# Where criterion saves its runs, as criterion works it out (run from the
+# repository root, as the benches need anyway).
+SAMPLES = os.environ.get("CRITERION_HOME") or os.path.join(
+    os.environ.get("CARGO_TARGET_DIR") or "target", "criterion")
+
+
+def median_time(bench_id, since):
+    """The median per-iteration time in seconds of the run criterion saved
+    for this id (its sample.json: iterations and total time per sample),
+    or None when it saved none after `since` (a file left by an earlier
+    run is not this run's)."""
+    path = os.path.join(SAMPLES, bench_id, "new", "sample.json")
+    if not os.path.exists(path) or os.path.getmtime(path) < since:
+        print(f"  {bench_id}: no sample.json from this run at {path}", file=sys.stderr)
+        return None
+    with open(path) as f:
+        sample = json.load(f)
+    return statistics.median(t / n for n, t in zip(sample["iters"], sample["times"])) * 1e-9
+
+
 def estimate_time(binary, bench_id):
-    """Criterion's printed point estimate in seconds (the slope of a
-    linear sampling, the mean of a flat one: not the median that
-    `alternate.py` reads), or None (and why) when the run failed or did
-    not give exactly one estimate."""
+    """Criterion's printed point estimate and the run's median, in
+    seconds, or None (and why) when the run failed or did not give
+    exactly one estimate or saved no samples."""
+    since = time.time()
     run = subprocess.run([binary, "--bench", "--exact", bench_id, "--color", "never",
                           "--measurement-time", args.measurement_time, "--warm-up-time", "1"],
                          capture_output=True, text=True, encoding="utf-8")
@@ -70,38 +101,45 @@ def estimate_time(binary, bench_id):
               f"stderr ends: {run.stderr[-300:]!r}", file=sys.stderr)
         return None
     value, unit = found[0]
-    return float(value) * UNIT[unit]
+    median = median_time(bench_id, since)
+    return None if median is None else (float(value) * UNIT[unit], median)
 
 
-times = {label: {} for label in labels}  # label -> round -> seconds
+STATISTICS = ("estimate", "median")
+# statistic -> label -> round -> seconds
+times = {stat: {label: {} for label in labels} for stat in STATISTICS}
 for r in range(1, args.rounds + 1):
     order = specs if r % 2 else specs[::-1]
     for label, binary, bench_id in order:
         t = estimate_time(binary, bench_id)
-        shown = "no estimate (see above)" if t is None else f"{t * 1e3:.2f} ms"
-        print(f"round {r} {label}: {shown}", flush=True)
-        if t is not None:
-            times[label][r] = t
+        if t is None:
+            print(f"round {r} {label}: no estimate (see above)", flush=True)
+            continue
+        print(f"round {r} {label}: estimate {t[0] * 1e3:.2f} ms, median {t[1] * 1e3:.2f} ms", flush=True)
+        for stat, value in zip(STATISTICS, t):
+            times[stat][label][r] = value
 
 
 def spread(values, fmt):
     return f"{fmt(statistics.median(values))} [{fmt(min(values))}-{fmt(max(values))}]"
 
 
-for label in labels:
-    ts = list(times[label].values())
-    if not ts:
-        print(f"{label}: no estimate")
-        continue
-    line = f"{label}: {spread(ts, lambda t: f'{t * 1e3:.2f} ms')}"
-    if args.messages:
-        # The rate of the median over rounds, and of the slowest and fastest runs.
-        rate = lambda t: f"{args.messages / t / 1e6:.2f}"
-        line += f", {rate(statistics.median(ts))} [{rate(max(ts))}-{rate(min(ts))}] M/s"
-    print(f"{line} over {len(ts)} rounds")
-for a, b in ratios:
-    per_round = [times[a][r] / times[b][r] for r in times[a] if r in times[b]]
-    if per_round:
-        print(f"{a} time / {b} time: {spread(per_round, lambda v: f'{v:.3f}x')} over {len(per_round)} rounds")
-    else:
-        print(f"{a} time / {b} time: no round with both estimates")
+for stat in STATISTICS:
+    print(f"by the {stat}:")
+    for label in labels:
+        ts = list(times[stat][label].values())
+        if not ts:
+            print(f"{label}: no estimate")
+            continue
+        line = f"{label}: {spread(ts, lambda t: f'{t * 1e3:.2f} ms')}"
+        if args.messages:
+            # The rate of the median over rounds, and of the slowest and fastest runs.
+            rate = lambda t: f"{args.messages / t / 1e6:.2f}"
+            line += f", {rate(statistics.median(ts))} [{rate(max(ts))}-{rate(min(ts))}] M/s"
+        print(f"{line} over {len(ts)} rounds")
+    for a, b in ratios:
+        per_round = [times[stat][a][r] / times[stat][b][r] for r in times[stat][a] if r in times[stat][b]]
+        if per_round:
+            print(f"{a} time / {b} time: {spread(per_round, lambda v: f'{v:.3f}x')} over {len(per_round)} rounds")
+        else:
+            print(f"{a} time / {b} time: no round with both estimates")
