@@ -417,6 +417,9 @@ impl Pipeline {
         gating: Gating,
     ) -> (Balance, Phases) {
         let started = Instant::now();
+        // Checked after the run: a run that lost messages would only look
+        // faster.
+        let queued: usize = intake.iter().map(|lane| lane.len()).sum();
         let run = RunContext::new();
         let events = self.events_path();
         let settings = EvaluatorSettings::default();
@@ -484,7 +487,13 @@ impl Pipeline {
             route: (finishing - routing).as_secs_f64(),
             finish: finishing.elapsed().as_secs_f64(),
         };
-        (run.accounting.balance(), phases)
+        let balance = run.accounting.balance();
+        assert!(
+            balance.balances() && balance.in_queue == 0 && balance.received == queued as u64,
+            "a run did not finish all {queued} messages it was given: {}",
+            balance.line()
+        );
+        (balance, phases)
     }
 }
 
