@@ -469,6 +469,94 @@ fn crowded_spots_agree_with_linear_scan() {
     assert!(most > 48, "the stack overlaps deeply: {most}");
 }
 
+/// Polygon parts too large for the flat walk answer from their latitude
+/// bands (`banded.rs`): spiky and border-like parts of 97–600 vertices,
+/// with holes of a few edges and of more than the slab threshold's, mixed
+/// with a small polygon and a circle, probed on every vertex, along the
+/// edges, a hair off them and at random.
+mod large_parts {
+    use super::{SplitMix64, agree_with_linear_scan};
+    use geo::Coord;
+    use geogate::geofence::generate::{smooth_ring, star_ring};
+    use geogate::geofence::ring::PreparedRing;
+    use geogate::geofence::shape::{Circle, Part, PolygonShape};
+    use geogate::geofence::{Fence, FenceIndex};
+    use proptest::prelude::*;
+
+    fn fence(id: &str, part: Part) -> Fence {
+        Fence {
+            id: id.into(),
+            name: None,
+            parts: vec![part],
+            hysteresis_m: None,
+            dwell_s: None,
+        }
+    }
+
+    fn polygon(exterior: Vec<Coord<f64>>, holes: Vec<Vec<Coord<f64>>>) -> Part {
+        Part::Polygon(PolygonShape {
+            exterior: PreparedRing::new(exterior),
+            holes: holes.into_iter().map(PreparedRing::new).collect(),
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+        #[test]
+        fn banded_parts_agree_with_linear_scan(
+            seed in any::<u64>(),
+            vertices in 97usize..600,
+            hole_sizes in prop::collection::vec(prop::sample::select(vec![4usize, 9, 40, 150]), 0..3),
+            smooth in any::<bool>(),
+        ) {
+            let mut rng = SplitMix64::new(seed);
+            let centre = Coord { x: rng.range(-170.0, 170.0), y: rng.range(-80.0, 80.0) };
+            let exterior = if smooth {
+                smooth_ring(&mut rng, centre, vertices, 0.03)
+            } else {
+                star_ring(&mut rng, centre, vertices, 0.005, 0.05)
+            };
+            let holes = hole_sizes
+                .iter()
+                .map(|&n| {
+                    let at = Coord { x: centre.x + rng.range(-0.01, 0.01), y: centre.y + rng.range(-0.01, 0.01) };
+                    star_ring(&mut rng, at, n, 0.001, 0.004)
+                })
+                .collect();
+            let fences = vec![
+                fence("block", polygon(star_ring(&mut rng, centre, 12, 0.002, 0.01), vec![])),
+                fence("large", polygon(exterior, holes)),
+                fence("circle", Part::Circle(Circle { center: centre, radius_m: 800.0 })),
+            ];
+            let index = FenceIndex::new(fences);
+            let mut probes = Vec::new();
+            let Part::Polygon(large) = &index.fences()[1].parts[0] else {
+                unreachable!("built as a polygon above");
+            };
+            for ring in std::iter::once(&large.exterior).chain(&large.holes) {
+                for e in ring.coords().windows(2) {
+                    let d = e[1] - e[0];
+                    for t in [0.0, 0.5, 0.999] {
+                        let on = e[0] + d * t;
+                        probes.push(on);
+                        for (dx, dy) in [(1e-9, 0.0), (-1e-9, 0.0), (0.0, 1e-9), (0.0, -1e-9)] {
+                            probes.push(on + Coord { x: dx, y: dy });
+                        }
+                    }
+                }
+            }
+            let (lo, hi) = large.exterior.bounds();
+            probes.extend((0..500).map(|_| Coord {
+                x: rng.range(lo.x - 0.01, hi.x + 0.01),
+                y: rng.range(lo.y - 0.01, hi.y + 0.01),
+            }));
+            let (covered, _) = agree_with_linear_scan(&index, &probes);
+            prop_assert!(covered > 0 && covered < probes.len(), "{covered} of {}", probes.len());
+        }
+    }
+}
+
 mod ring_position {
     use geo::coordinate_position::{CoordPos, CoordinatePosition};
     use geo::{Coord, LineString, Polygon};

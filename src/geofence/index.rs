@@ -8,12 +8,14 @@
 //! Envelopes are computed once at load (recomputing them per query is the
 //! classic R-tree slowdown) and bulk-loaded, so the tree is packed.
 //!
-//! Each candidate carries its part's cell grid header ([`GridRef`]): the
-//! query reads the listing, then the cell's two bits in a shared arena, and
-//! only where an edge may cross that cell does it read edges: a small
-//! part's rings from one flat arena, a large part's through its rings.
-//! Before this, every candidate cost four dependent loads (fence, part,
-//! ring, cells), and the profile was cache misses on them.
+//! Each candidate carries its part's cell grid header ([`GridRef`]) and
+//! where its exact test lies ([`Exact`]): the query reads the listing, then
+//! the cell's two bits in a shared arena, and only where an edge may cross
+//! that cell does it read edges, from arenas too: a small part's rings
+//! walked flat, a larger part's latitude band of edges ([`BandedRings`]),
+//! a circle's centre and radius. No query reads a fence or a part. Before
+//! this, every candidate cost four dependent loads (fence, part, ring,
+//! cells), and the profile was cache misses on them.
 //!
 //! Parts whose envelope is far larger than the typical one (country borders
 //! among city blocks) go into a second layer, with its own grid and tree.
@@ -22,12 +24,14 @@
 //! measured, mixing three 10k-vertex polygons into 10k city blocks halved
 //! the query rate. Their own grid spares each query a descent of their tree.
 
+use super::banded::{BandedRef, BandedRings};
 use super::cell_grid::{Cell, CellGrid, GridRef, f32_down, f32_up};
 use super::fences::Fence;
 use super::grid::{CandidateGrid, Candidates, Lookup, PointBox};
 use super::packed_cells::PackedCells;
+use super::prefetch::{prefetch, prefetch_lines};
 use super::ring::Position;
-use super::shape::{Part, walk_flat};
+use super::shape::{Circle, Part, PolygonShape, walk_flat};
 use crate::model::FenceId;
 use geo::Coord;
 use rstar::primitives::{GeomWithData, Rectangle};
@@ -49,22 +53,33 @@ pub type FenceIdx = u32;
 /// 1.5e-5° (under 2 m, at ±180°), so the extra candidates are negligible.
 type Entry = GeomWithData<Rectangle<[f32; 2]>, Candidate>;
 
-/// One part as the query meets it: where it is, its cell map if any, and
-/// where its rings lie in the flat arena if it is small.
+/// One part as the query meets it: its fence, its cell map if any, and
+/// where its exact test lies.
 #[derive(Debug, Clone, Copy)]
 struct Candidate {
     fence: FenceIdx,
-    part: u32,
     /// Polygons only; circles and grid-less parts go to the exact test.
     grid: Option<GridRef>,
-    /// `flat[walk_start..walk_start + walk_len]`; 0 long: ask the part.
-    walk_start: u32,
-    walk_len: u32,
+    exact: Exact,
+}
+
+/// Where a candidate's exact test reads, when its cell cannot decide.
+#[derive(Debug, Clone, Copy)]
+enum Exact {
+    /// A small polygon's rings: `flat[start..start + len]`.
+    Flat { start: u32, len: u32 },
+    /// A larger polygon's rings in [`FenceIndex::banded`].
+    Banded(BandedRef),
+    /// `circles[i]`.
+    Circle(u32),
+    /// Part `n` of the fence itself: only once an arena is as large as a
+    /// `u32` can address.
+    Part(u32),
 }
 
 /// Polygon parts with at most this many coordinates are copied to the flat
 /// arena and walked edge by edge when their cell cannot decide; larger
-/// ones ask their rings (box, ring grid, then slabs or a walk).
+/// ones walk one latitude band of their edges ([`BandedRings`]).
 const FLAT_WALK_MAX: usize = 96;
 
 /// Cells per edge of a part's grid: measured on the bench's 10k fences,
@@ -104,6 +119,9 @@ pub struct FenceIndex {
     cells: PackedCells,
     /// Small parts' rings, one after another (see [`PolygonShape::flat_rings`]).
     flat: Vec<Coord<f64>>,
+    /// Larger polygon parts' rings, by latitude band.
+    banded: BandedRings,
+    circles: Vec<Circle>,
     by_id: HashMap<FenceId, FenceIdx>,
     /// See [`Self::prefers_batches`].
     prefers_batches: bool,
@@ -113,16 +131,13 @@ impl FenceIndex {
     pub fn new(fences: Vec<Fence>) -> Self {
         let mut entries = Vec::new();
         let mut cells = PackedCells::default();
-        let mut flat = Vec::new();
+        let mut arenas = ExactArenas::default();
         for (f, fence) in fences.iter().enumerate() {
             for (p, part) in fence.parts.iter().enumerate() {
-                let (walk_start, walk_len) = flat_copy(part, &mut flat);
                 let candidate = Candidate {
                     fence: f as FenceIdx,
-                    part: p as u32,
                     grid: part_grid(part, &mut cells),
-                    walk_start,
-                    walk_len,
+                    exact: arenas.push(part, p),
                 };
                 for (lo, hi) in part.envelopes() {
                     let rect = Rectangle::from_corners(
@@ -149,7 +164,7 @@ impl FenceIndex {
             .map(|(i, f)| (f.id.clone(), i as FenceIdx))
             .collect();
         let hot_bytes = cells.len().div_ceil(4)
-            + std::mem::size_of_val(flat.as_slice())
+            + std::mem::size_of_val(arenas.flat.as_slice())
             + (large.len() + small.len()) * std::mem::size_of::<Entry>();
         Self {
             prefers_batches: hot_bytes >= BATCH_MIN_BYTES,
@@ -157,7 +172,9 @@ impl FenceIndex {
             small: Layer::new(small),
             large: Layer::new(large),
             cells,
-            flat,
+            flat: arenas.flat,
+            banded: arenas.banded,
+            circles: arenas.circles,
             by_id,
         }
     }
@@ -271,20 +288,59 @@ impl FenceIndex {
         match cell {
             Some(Cell::Inside) => true,
             Some(Cell::Outside) => false,
-            Some(Cell::Edge) | None if candidate.walk_len > 0 => {
-                walk_flat(self.flat_rings(candidate), p) != Position::Outside
-            }
-            Some(Cell::Edge) | None => {
-                self.fences[candidate.fence as usize].parts[candidate.part as usize].covers(p)
-            }
+            Some(Cell::Edge) | None => self.exact_covers(candidate, p),
         }
     }
 
-    /// A small part's rings in the flat arena (empty for other parts).
+    /// The candidate's exact test, read from the arenas.
     #[inline]
-    fn flat_rings(&self, candidate: &Candidate) -> &[Coord<f64>] {
-        let start = candidate.walk_start as usize;
-        &self.flat[start..start + candidate.walk_len as usize]
+    fn exact_covers(&self, candidate: &Candidate, p: Coord<f64>) -> bool {
+        match candidate.exact {
+            Exact::Flat { start, len } => {
+                let start = start as usize;
+                walk_flat(&self.flat[start..start + len as usize], p) != Position::Outside
+            }
+            Exact::Banded(part) => self.banded.position(part, p) != Position::Outside,
+            Exact::Circle(i) => self.circles[i as usize].covers(p),
+            Exact::Part(n) => self.fences[candidate.fence as usize].parts[n as usize].covers(p),
+        }
+    }
+
+    /// Starts loading what [`Self::exact_covers`] will read first.
+    #[inline]
+    fn prefetch_exact(&self, candidate: &Candidate, p: Coord<f64>) {
+        match candidate.exact {
+            Exact::Flat { start, len } => {
+                let start = start as usize;
+                prefetch_lines(&self.flat[start..start + len as usize]);
+            }
+            Exact::Banded(part) => self.banded.prefetch(part, p),
+            Exact::Circle(i) => prefetch(&self.circles[i as usize]),
+            Exact::Part(_) => {}
+        }
+    }
+}
+
+/// The arenas exact tests read, while an index is built.
+#[derive(Default)]
+struct ExactArenas {
+    flat: Vec<Coord<f64>>,
+    banded: BandedRings,
+    circles: Vec<Circle>,
+}
+
+impl ExactArenas {
+    /// Copies part `n` of its fence to the arena its exact test will read.
+    fn push(&mut self, part: &Part, n: usize) -> Exact {
+        let copied = match part {
+            Part::Circle(circle) => u32::try_from(self.circles.len()).ok().map(|i| {
+                self.circles.push(*circle);
+                Exact::Circle(i)
+            }),
+            Part::Polygon(polygon) => flat_copy(polygon, &mut self.flat)
+                .or_else(|| self.banded.push(polygon).map(Exact::Banded)),
+        };
+        copied.unwrap_or(Exact::Part(n as u32))
     }
 }
 
@@ -353,26 +409,25 @@ impl Layer {
     }
 }
 
-/// Copies a small polygon part's rings to the flat arena; `(start, len)`,
-/// `len` 0 when the part is not copied.
-fn flat_copy(part: &Part, arena: &mut Vec<Coord<f64>>) -> (u32, u32) {
-    let Part::Polygon(polygon) = part else {
-        return (0, 0);
-    };
+/// Copies a small polygon part's rings to the flat arena; `None` when the
+/// part is too large for the flat walk.
+fn flat_copy(polygon: &PolygonShape, arena: &mut Vec<Coord<f64>>) -> Option<Exact> {
     // Coordinates, closing points and separators.
-    if part.vertex_count() + 2 * polygon.holes.len() + 1 > FLAT_WALK_MAX {
-        return (0, 0);
+    let coords = polygon.exterior.coords().len()
+        + polygon
+            .holes
+            .iter()
+            .map(|h| h.coords().len() + 1)
+            .sum::<usize>();
+    if coords > FLAT_WALK_MAX {
+        return None;
     }
     let rings = polygon.flat_rings();
-    match (u32::try_from(arena.len()), u32::try_from(rings.len())) {
-        (Ok(start), Ok(len))
-            if rings.len() <= FLAT_WALK_MAX && start.checked_add(len).is_some() =>
-        {
-            arena.extend_from_slice(&rings);
-            (start, len)
-        }
-        _ => (0, 0),
-    }
+    let start = u32::try_from(arena.len()).ok()?;
+    let len = u32::try_from(rings.len()).ok()?;
+    start.checked_add(len)?;
+    arena.extend_from_slice(&rings);
+    Some(Exact::Flat { start, len })
 }
 
 /// A cell grid over a polygon part (holes included), its cells appended to

@@ -5,6 +5,7 @@
 //! Containment counts the boundary as inside, for polygons, holes and
 //! circles alike: a vehicle parked on the gate line is at the depot.
 
+mod banded;
 mod cell_grid;
 pub mod evaluator;
 pub mod fences;

@@ -50,7 +50,7 @@ pub enum Position {
 
 /// Bands over the ring's latitude span, stored as a compressed edge list.
 #[derive(Debug, Clone)]
-struct Slabs {
+pub(super) struct Slabs {
     min_y: f64,
     /// Bands per degree.
     scale: f64,
@@ -61,13 +61,13 @@ struct Slabs {
 }
 
 impl Slabs {
-    fn band_of(&self, y: f64) -> usize {
+    pub(super) fn band_of(&self, y: f64) -> usize {
         // Monotone in y, so an edge spanning [y0, y1] is listed in every band
         // a point with y0 ≤ y ≤ y1 can map to.
         (((y - self.min_y) * self.scale) as usize).min(self.bands - 1)
     }
 
-    fn build(coords: &[Coord<f64>], min_y: f64, max_y: f64) -> Self {
+    pub(super) fn build(coords: &[Coord<f64>], min_y: f64, max_y: f64) -> Self {
         let edge_count = coords.len() - 1;
         // One band per edge: measured best of n/4, n and 2n on the bench data.
         let bands = edge_count.clamp(1, 1 << 16);
@@ -107,8 +107,21 @@ impl Slabs {
         slabs
     }
 
-    fn band(&self, k: usize) -> &[u32] {
+    /// The edges (by first coordinate's index) listed in band `k`.
+    pub(super) fn band(&self, k: usize) -> &[u32] {
         &self.edges[self.starts[k] as usize..self.starts[k + 1] as usize]
+    }
+
+    pub(super) fn bands(&self) -> usize {
+        self.bands
+    }
+
+    pub(super) fn min_y(&self) -> f64 {
+        self.min_y
+    }
+
+    pub(super) fn scale(&self) -> f64 {
+        self.scale
     }
 }
 
@@ -260,7 +273,7 @@ pub fn walk_position(coords: &[Coord<f64>], p: Coord<f64>) -> Position {
 /// Applies one edge to the winding count for a rightward ray from `p`;
 /// returns true when `p` lies on the edge.
 #[inline]
-fn edge_step(a: Coord<f64>, b: Coord<f64>, p: Coord<f64>, winding: &mut i32) -> bool {
+pub(super) fn edge_step(a: Coord<f64>, b: Coord<f64>, p: Coord<f64>, winding: &mut i32) -> bool {
     let (lo_y, hi_y) = if a.y <= b.y { (a.y, b.y) } else { (b.y, a.y) };
     if p.y < lo_y || p.y > hi_y || p.x > a.x.max(b.x) {
         return false;

@@ -60,7 +60,7 @@ impl PolygonShape {
 
 /// The position in a polygon, from the position in its exterior and,
 /// lazily, in each hole.
-fn cut_out(exterior: Position, holes: impl Iterator<Item = Position>) -> Position {
+pub(super) fn cut_out(exterior: Position, holes: impl Iterator<Item = Position>) -> Position {
     if exterior != Position::Inside {
         return exterior;
     }
@@ -94,6 +94,11 @@ pub struct Circle {
 }
 
 impl Circle {
+    /// Whether `p` is within the radius; the rim is covered.
+    pub fn covers(&self, p: Coord<f64>) -> bool {
+        self.distance_m(p) <= self.radius_m
+    }
+
     fn distance_m(&self, p: Coord<f64>) -> f64 {
         Haversine.distance(Point::from(self.center), Point::from(p))
     }
@@ -143,7 +148,7 @@ impl Part {
     pub fn covers(&self, p: Coord<f64>) -> bool {
         match self {
             Part::Polygon(poly) => poly.covers(p),
-            Part::Circle(circle) => circle.distance_m(p) <= circle.radius_m,
+            Part::Circle(circle) => circle.covers(p),
         }
     }
 

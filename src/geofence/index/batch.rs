@@ -4,7 +4,6 @@
 use super::{Candidate, FenceIdx, FenceIndex, LAYERS, Layer};
 use crate::geofence::cell_grid::Cell;
 use crate::geofence::grid::PointBox;
-use crate::geofence::prefetch::prefetch_lines;
 use geo::Coord;
 
 /// Points a batch carries through each stage together: enough loads in
@@ -62,7 +61,7 @@ impl FenceIndex {
                     });
                 }
             }
-            // The cells, and the rings of those that cannot decide; the next
+            // The cells, and the exact tests of those that cannot decide; the next
             // window's grid cells meanwhile.
             if let Some(next) = windows.peek() {
                 prefetch_cells(&layers, next);
@@ -72,8 +71,8 @@ impl FenceIndex {
                 pending.cell = candidate
                     .grid
                     .map(|grid| self.cells.get(grid.cell_index(window[pending.point])));
-                if pending.cell.is_none_or(|cell| cell == Cell::Edge) && candidate.walk_len > 0 {
-                    prefetch_lines(self.flat_rings(candidate));
+                if pending.cell.is_none_or(|cell| cell == Cell::Edge) {
+                    self.prefetch_exact(candidate, window[pending.point]);
                 }
             }
             // The answers.
