@@ -4,10 +4,17 @@
 //!
 //! Why: these parts used to answer through their own rings (fence, part,
 //! ring, the ring's grid, its band, the band's edge numbers, then the
-//! coordinates those name: each load waiting on the one before). Here a
-//! part is a run of ring headers, and each band holds copies of its edges'
-//! end points, so a query reads a header, one band's bounds and one run of
-//! segments, which the batch can prefetch.
+//! coordinates those name: each load waiting on the one before, and the
+//! ring's grid, coarser than the part's, never deciding where the part's
+//! could not). Here a part is a run of ring headers in one array, each
+//! ring's bands and coordinates in two more, so a query reads a header, a
+//! band's bounds, its edge numbers and their coordinates; the batch
+//! prefetches the bounds.
+//!
+//! Edge numbers, not copies of the edges: an edge is listed in every band
+//! its latitude range meets, and on the bench's border-like rings that is
+//! 19 bands on average, so copying both end points (32 bytes) in place of a
+//! number (4) took 20 MB for three 10k-vertex polygons.
 //!
 //! The bands are the rings' own slabs ([`Slabs`], one band per edge), so
 //! the answer is the one [`super::shape::PolygonShape::position`] gives,
@@ -29,8 +36,8 @@ struct BandedRing {
     min_y: f64,
     scale: f64,
     bands: u32,
-    /// Band `k`'s segments start at `segments[starts[first_start + k]]` and
-    /// end where the next band's start.
+    /// Band `k`'s edges start at `edges[starts[first_start + k]]` and end
+    /// where the next band's start.
     first_start: u32,
 }
 
@@ -55,12 +62,14 @@ pub struct BandedRef {
     ring_count: u32,
 }
 
-/// Every banded part's rings, bands and segments, one after another.
+/// Every banded part's rings, bands and coordinates, one after another.
 #[derive(Debug, Default)]
 pub struct BandedRings {
     rings: Vec<BandedRing>,
     starts: Vec<u32>,
-    segments: Vec<[Coord<f64>; 2]>,
+    /// Each band's edges, by the index in `coords` of their first end.
+    edges: Vec<u32>,
+    coords: Vec<Coord<f64>>,
 }
 
 impl BandedRings {
@@ -69,12 +78,18 @@ impl BandedRings {
     pub fn push(&mut self, polygon: &PolygonShape) -> Option<BandedRef> {
         let first_ring = u32::try_from(self.rings.len()).ok()?;
         let ring_count = u32::try_from(1 + polygon.holes.len()).ok()?;
-        let rollback = (self.rings.len(), self.starts.len(), self.segments.len());
+        let rollback = (
+            self.rings.len(),
+            self.starts.len(),
+            self.edges.len(),
+            self.coords.len(),
+        );
         for ring in std::iter::once(&polygon.exterior).chain(&polygon.holes) {
             if self.push_ring(ring).is_none() {
                 self.rings.truncate(rollback.0);
                 self.starts.truncate(rollback.1);
-                self.segments.truncate(rollback.2);
+                self.edges.truncate(rollback.2);
+                self.coords.truncate(rollback.3);
                 return None;
             }
         }
@@ -90,16 +105,15 @@ impl BandedRings {
         let slabs = Slabs::build(coords, min.y, max.y);
         let first_start = u32::try_from(self.starts.len()).ok()?;
         let bands = u32::try_from(slabs.bands()).ok()?;
+        let first_coord = u32::try_from(self.coords.len()).ok()?;
+        u32::try_from(self.coords.len() + coords.len()).ok()?;
         for k in 0..slabs.bands() {
-            self.starts.push(u32::try_from(self.segments.len()).ok()?);
-            self.segments.extend(
-                slabs
-                    .band(k)
-                    .iter()
-                    .map(|&i| [coords[i as usize], coords[i as usize + 1]]),
-            );
+            self.starts.push(u32::try_from(self.edges.len()).ok()?);
+            self.edges
+                .extend(slabs.band(k).iter().map(|&i| first_coord + i));
         }
-        self.starts.push(u32::try_from(self.segments.len()).ok()?);
+        self.starts.push(u32::try_from(self.edges.len()).ok()?);
+        self.coords.extend_from_slice(coords);
         self.rings.push(BandedRing {
             min,
             max,
@@ -131,8 +145,9 @@ impl BandedRings {
             return Position::Outside;
         }
         let mut winding = 0i32;
-        for &[a, b] in &self.segments[self.band_segments(ring, p.y)] {
-            if edge_step(a, b, p, &mut winding) {
+        for &i in &self.edges[self.band_edges(ring, p.y)] {
+            let i = i as usize;
+            if edge_step(self.coords[i], self.coords[i + 1], p, &mut winding) {
                 return Position::Boundary;
             }
         }
@@ -144,7 +159,7 @@ impl BandedRings {
     }
 
     #[inline]
-    fn band_segments(&self, ring: &BandedRing, y: f64) -> Range<usize> {
+    fn band_edges(&self, ring: &BandedRing, y: f64) -> Range<usize> {
         let k = ring.first_start as usize + ring.band_of(y);
         self.starts[k] as usize..self.starts[k + 1] as usize
     }
