@@ -258,16 +258,38 @@ impl PreparedRing {
 /// edge.
 pub fn walk_position(coords: &[Coord<f64>], p: Coord<f64>) -> Position {
     let mut winding = 0i32;
-    for w in coords.windows(2) {
-        if edge_step(w[0], w[1], p, &mut winding) {
-            return Position::Boundary;
+    let edges = coords.len().saturating_sub(1);
+    let mut first = 0;
+    while first < edges {
+        let last = (first + MASK_EDGES).min(edges);
+        let mut mask = 0u32;
+        for (k, w) in coords[first..=last].windows(2).enumerate() {
+            mask |= u32::from(may_step(w[0], w[1], p)) << k;
         }
+        while mask != 0 {
+            let i = first + mask.trailing_zeros() as usize;
+            mask &= mask - 1;
+            if edge_step(coords[i], coords[i + 1], p, &mut winding) {
+                return Position::Boundary;
+            }
+        }
+        first = last;
     }
     if winding != 0 {
         Position::Inside
     } else {
         Position::Outside
     }
+}
+
+/// Edges [`walk_position`] tests at once for [`may_step`].
+const MASK_EDGES: usize = 32;
+
+/// False when [`edge_step`] would skip the edge; computed without branches
+/// so a walk can test many edges before it takes one.
+#[inline(always)]
+fn may_step(a: Coord<f64>, b: Coord<f64>, p: Coord<f64>) -> bool {
+    (p.y >= a.y.min(b.y)) & (p.y <= a.y.max(b.y)) & (p.x <= a.x.max(b.x))
 }
 
 /// Applies one edge to the winding count for a rightward ray from `p`;
