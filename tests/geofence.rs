@@ -477,9 +477,8 @@ fn crowded_spots_agree_with_linear_scan() {
 mod large_parts {
     use super::{SplitMix64, agree_with_linear_scan};
     use geo::Coord;
-    use geogate::geofence::generate::{smooth_ring, star_ring};
-    use geogate::geofence::ring::PreparedRing;
-    use geogate::geofence::shape::{Circle, Part, PolygonShape};
+    use geogate::geofence::generate::{polygon, smooth_ring, star_ring};
+    use geogate::geofence::shape::{Circle, Part};
     use geogate::geofence::{Fence, FenceIndex};
     use proptest::prelude::*;
 
@@ -491,13 +490,6 @@ mod large_parts {
             hysteresis_m: None,
             dwell_s: None,
         }
-    }
-
-    fn polygon(exterior: Vec<Coord<f64>>, holes: Vec<Vec<Coord<f64>>>) -> Part {
-        Part::Polygon(PolygonShape {
-            exterior: PreparedRing::new(exterior),
-            holes: holes.into_iter().map(PreparedRing::new).collect(),
-        })
     }
 
     proptest! {

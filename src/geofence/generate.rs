@@ -113,7 +113,8 @@ pub fn smooth_ring(
     ring
 }
 
-fn polygon(exterior: Vec<Coord<f64>>, holes: Vec<Vec<Coord<f64>>>) -> Part {
+/// A polygon part from closed rings, exterior first.
+pub fn polygon(exterior: Vec<Coord<f64>>, holes: Vec<Vec<Coord<f64>>>) -> Part {
     Part::Polygon(PolygonShape {
         exterior: PreparedRing::new(exterior),
         holes: holes.into_iter().map(PreparedRing::new).collect(),

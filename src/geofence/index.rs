@@ -13,7 +13,8 @@
 //! the cell's two bits in a shared arena, and only where an edge may cross
 //! that cell does it read edges, from arenas too: a small part's rings
 //! walked flat, a larger part's latitude band of edges ([`BandedRings`]),
-//! a circle's centre and radius. No query reads a fence or a part. Before
+//! a circle's centre and radius. No query reads a fence or a part (unless
+//! an arena outgrew what a `u32` addresses). Before
 //! this, every candidate cost four dependent loads (fence, part, ring,
 //! cells), and the profile was cache misses on them.
 //!
@@ -95,8 +96,9 @@ const PART_CELLS_PER_EDGE: usize = 32;
 const LARGE_FACTOR: f64 = 64.0;
 
 /// From this many bytes (part-grid cells, flat rings, and one R-tree entry
-/// per part envelope, standing in for the grid's listings of it; large
-/// parts' own rings are not counted), an index is queried in batches: the
+/// per part envelope, standing in for the grid's listings of it; the
+/// banded rings of parts over [`FLAT_WALK_MAX`] coordinates are not
+/// counted, as their rings were not when this was measured), an index is queried in batches: the
 /// batch hides cache misses, and an index that stays in a core's cache has
 /// none to hide, only the batch's own bookkeeping. Measured
 /// (`evaluator/*` in `benches/geofence.rs`, the per-fix path always run
@@ -273,7 +275,7 @@ impl FenceIndex {
     }
 
     /// Whether the candidate's part covers `p`: its cell if that decides,
-    /// else its flat rings, else the part itself.
+    /// else its exact test.
     #[inline]
     fn covers(&self, candidate: &Candidate, p: Coord<f64>) -> bool {
         let cell = candidate
@@ -445,4 +447,47 @@ fn part_grid(part: &Part, arena: &mut PackedCells) -> Option<GridRef> {
     u32::try_from(arena.len() + grid.cells().len()).ok()?;
     arena.extend(grid.cells());
     Some(grid.header(offset))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::geofence::generate::random_fences;
+
+    /// Each part's exact test is the one its kind and size call for, so
+    /// the tests of the banded path (`tests/geofence.rs`) do reach it.
+    #[test]
+    fn each_part_gets_the_exact_test_its_size_calls_for() {
+        let (fences, _) = random_fences(1, 60, 2, 500);
+        let index = FenceIndex::new(fences);
+        let mut seen = [0; 3];
+        for layer in index.layers() {
+            for entry in layer.tree.iter() {
+                let fence = index.fence(entry.data.fence);
+                let [part] = fence.parts.as_slice() else {
+                    continue;
+                };
+                let kind = match (part, entry.data.exact) {
+                    (Part::Circle(_), Exact::Circle(_)) => 0,
+                    (Part::Polygon(p), Exact::Flat { len, .. })
+                        if p.flat_rings().len() <= FLAT_WALK_MAX =>
+                    {
+                        assert_eq!(len as usize, p.flat_rings().len());
+                        1
+                    }
+                    (Part::Polygon(p), Exact::Banded(_))
+                        if p.flat_rings().len() > FLAT_WALK_MAX =>
+                    {
+                        2
+                    }
+                    (part, exact) => panic!("{} got {exact:?} for {part:?}", fence.id),
+                };
+                seen[kind] += 1;
+            }
+        }
+        assert!(
+            seen.iter().all(|&n| n > 0),
+            "circles, flat, banded: {seen:?}"
+        );
+    }
 }

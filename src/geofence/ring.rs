@@ -62,9 +62,7 @@ pub(super) struct Slabs {
 
 impl Slabs {
     pub(super) fn band_of(&self, y: f64) -> usize {
-        // Monotone in y, so an edge spanning [y0, y1] is listed in every band
-        // a point with y0 ≤ y ≤ y1 can map to.
-        (((y - self.min_y) * self.scale) as usize).min(self.bands - 1)
+        band_index(y, self.min_y, self.scale, self.bands)
     }
 
     pub(super) fn build(coords: &[Coord<f64>], min_y: f64, max_y: f64) -> Self {
@@ -186,7 +184,7 @@ impl PreparedRing {
 
     /// Where `p` lies relative to the ring; boundary is exact.
     pub fn position(&self, p: Coord<f64>) -> Position {
-        if p.x < self.min.x || p.x > self.max.x || p.y < self.min.y || p.y > self.max.y {
+        if !in_box(p, self.min, self.max) {
             return Position::Outside;
         }
         match self.grid.as_ref().map(|grid| grid.at(p)) {
@@ -199,27 +197,15 @@ impl PreparedRing {
     /// [`Self::position`] from the edges alone, for a point inside the
     /// bounding box.
     fn edge_position(&self, p: Coord<f64>) -> Position {
-        let mut winding = 0i32;
         match &self.slabs {
-            Some(slabs) => {
-                for &i in slabs.band(slabs.band_of(p.y)) {
-                    if edge_step(
-                        self.coords[i as usize],
-                        self.coords[i as usize + 1],
-                        p,
-                        &mut winding,
-                    ) {
-                        return Position::Boundary;
-                    }
-                }
-            }
-            None => return walk_position(&self.coords, p),
+            Some(slabs) => listed_position(&self.coords, slabs.band(slabs.band_of(p.y)), p),
+            None => walk_position(&self.coords, p),
         }
-        if winding != 0 {
-            Position::Inside
-        } else {
-            Position::Outside
-        }
+    }
+
+    /// The ring's slabs, if it has more than [`SLAB_THRESHOLD`] edges.
+    pub(super) fn slabs(&self) -> Option<&Slabs> {
+        self.slabs.as_ref()
     }
 
     /// Whether some edge lies strictly closer than `metres` to `p`, measured
@@ -256,6 +242,12 @@ impl PreparedRing {
 
 /// Where `p` lies relative to the closed ring `coords`, by walking every
 /// edge.
+///
+/// Why the walk goes 32 edges at a time: stepping edge by edge was a branch
+/// per edge on data that predicts badly (a point's latitude falls within a
+/// few of a ring's edges, at places that differ from point to point). The
+/// walk first marks, without branches, the edges that may count, then
+/// steps only those.
 pub fn walk_position(coords: &[Coord<f64>], p: Coord<f64>) -> Position {
     let mut winding = 0i32;
     let edges = coords.len().saturating_sub(1);
@@ -275,6 +267,38 @@ pub fn walk_position(coords: &[Coord<f64>], p: Coord<f64>) -> Position {
         }
         first = last;
     }
+    winding_position(winding)
+}
+
+/// Where `p` lies relative to a closed ring `coords`, from the edges
+/// `edges` names (each by the index in `coords` of its first end), which
+/// must include every edge spanning `p`'s latitude: a band of slabs.
+/// Marked first, as [`walk_position`] does.
+pub(super) fn listed_position(coords: &[Coord<f64>], edges: &[u32], p: Coord<f64>) -> Position {
+    let mut winding = 0i32;
+    for chunk in edges.chunks(MASK_EDGES) {
+        let mut mask = 0u32;
+        for (k, &i) in chunk.iter().enumerate() {
+            let i = i as usize;
+            mask |= u32::from(may_step(coords[i], coords[i + 1], p)) << k;
+        }
+        while mask != 0 {
+            let i = chunk[mask.trailing_zeros() as usize] as usize;
+            mask &= mask - 1;
+            if edge_step(coords[i], coords[i + 1], p, &mut winding) {
+                return Position::Boundary;
+            }
+        }
+    }
+    winding_position(winding)
+}
+
+/// Edges a walk marks at once: one bit each in a `u32`.
+const MASK_EDGES: usize = 32;
+const _: () = assert!(MASK_EDGES <= u32::BITS as usize);
+
+/// A ring's position from its winding number around the point.
+fn winding_position(winding: i32) -> Position {
     if winding != 0 {
         Position::Inside
     } else {
@@ -282,11 +306,24 @@ pub fn walk_position(coords: &[Coord<f64>], p: Coord<f64>) -> Position {
     }
 }
 
-/// Edges [`walk_position`] tests at once for [`may_step`].
-const MASK_EDGES: usize = 32;
+/// The band of `bands` (each `1 / scale` degrees high, from `min_y`) that
+/// latitude `y` falls in. Monotone in y, so an edge spanning [y0, y1] is
+/// listed in every band a point with y0 ≤ y ≤ y1 can map to. Slabs are
+/// built and read with this one map, here and in `banded.rs`.
+#[inline]
+pub(super) fn band_index(y: f64, min_y: f64, scale: f64, bands: usize) -> usize {
+    (((y - min_y) * scale) as usize).min(bands - 1)
+}
 
-/// False when [`edge_step`] would skip the edge; computed without branches
-/// so a walk can test many edges before it takes one.
+/// Whether `p` is in the box `[min, max]`; false for a NaN coordinate.
+#[inline]
+pub(super) fn in_box(p: Coord<f64>, min: Coord<f64>, max: Coord<f64>) -> bool {
+    (p.x >= min.x) & (p.x <= max.x) & (p.y >= min.y) & (p.y <= max.y)
+}
+
+/// False when [`edge_step`] skips the edge (`p` outside the edge's
+/// latitude range, or east of both its ends); without branches, so a walk
+/// can mark many edges before it steps one.
 #[inline(always)]
 fn may_step(a: Coord<f64>, b: Coord<f64>, p: Coord<f64>) -> bool {
     (p.y >= a.y.min(b.y)) & (p.y <= a.y.max(b.y)) & (p.x <= a.x.max(b.x))
@@ -295,9 +332,8 @@ fn may_step(a: Coord<f64>, b: Coord<f64>, p: Coord<f64>) -> bool {
 /// Applies one edge to the winding count for a rightward ray from `p`;
 /// returns true when `p` lies on the edge.
 #[inline]
-pub(super) fn edge_step(a: Coord<f64>, b: Coord<f64>, p: Coord<f64>, winding: &mut i32) -> bool {
-    let (lo_y, hi_y) = if a.y <= b.y { (a.y, b.y) } else { (b.y, a.y) };
-    if p.y < lo_y || p.y > hi_y || p.x > a.x.max(b.x) {
+fn edge_step(a: Coord<f64>, b: Coord<f64>, p: Coord<f64>, winding: &mut i32) -> bool {
+    if !may_step(a, b, p) {
         return false;
     }
     let upward = a.y <= p.y && b.y > p.y;
@@ -495,5 +531,54 @@ mod tests {
         assert!(sq.boundary_within(p, 12.0));
         assert!(!sq.boundary_within(p, 11.0));
         assert!(!sq.boundary_within(p, 0.0));
+    }
+
+    /// The marked walk against stepping every edge and against geo's
+    /// robust answer, on rings either side of each 32-edge mask: every
+    /// vertex, a point just west of each vertex at its latitude (where a
+    /// range's end decides), and random points.
+    #[test]
+    fn marked_walk_steps_every_edge_that_counts() {
+        use crate::geofence::generate::{SplitMix64, star_ring};
+        use geo::coordinate_position::{CoordPos, CoordinatePosition};
+        use geo::{LineString, Polygon};
+        let mut rng = SplitMix64::new(11);
+        let centre = Coord { x: 13.4, y: 52.5 };
+        for edges in [3, 31, 32, 33, 63, 64, 65, 95, 96, 97] {
+            let coords = star_ring(&mut rng, centre, edges, 0.001, 0.01);
+            assert_eq!(coords.len(), edges + 1);
+            let oracle = Polygon::new(LineString::from(coords.clone()), vec![]);
+            let mut probes: Vec<Coord<f64>> = coords.clone();
+            probes.extend(coords.iter().map(|c| Coord {
+                x: c.x - 1e-4,
+                y: c.y,
+            }));
+            probes.extend((0..300).map(|_| Coord {
+                x: rng.range(centre.x - 0.012, centre.x + 0.012),
+                y: rng.range(centre.y - 0.012, centre.y + 0.012),
+            }));
+            for p in probes {
+                let mut winding = 0;
+                let stepped = coords
+                    .windows(2)
+                    .any(|w| edge_step(w[0], w[1], p, &mut winding));
+                let every_edge = if stepped {
+                    Position::Boundary
+                } else {
+                    winding_position(winding)
+                };
+                let geo = match oracle.coordinate_position(&p) {
+                    CoordPos::Inside => Position::Inside,
+                    CoordPos::OnBoundary => Position::Boundary,
+                    CoordPos::Outside => Position::Outside,
+                };
+                assert_eq!(
+                    walk_position(&coords, p),
+                    every_edge,
+                    "{edges} edges, at {p:?}"
+                );
+                assert_eq!(every_edge, geo, "{edges} edges, at {p:?}");
+            }
+        }
     }
 }
