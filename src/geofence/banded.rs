@@ -16,9 +16,10 @@
 //! 19 bands on average, so copying both end points (32 bytes) in place of a
 //! number (4) took 20 MB for three 10k-vertex polygons.
 //!
-//! The bands are the rings' own slabs ([`Slabs`], one band per edge), read
-//! with the same map and walked by the same function, so the answer is the
-//! one [`PolygonShape::position`] gives, boundary included.
+//! The bands are the rings' own slabs ([`Slabs`]) where they have them,
+//! else built the same way, read with the same map and walked by the same
+//! function, so the answer is the one [`PolygonShape::position`] gives,
+//! boundary included.
 
 use super::prefetch::prefetch;
 use super::ring::{Position, PreparedRing, Slabs, band_index, in_box, listed_position};
@@ -63,8 +64,9 @@ pub struct BandedRings {
     /// Each band's edges, by the index in `coords` of their first end.
     edges: Vec<u32>,
     coords: Vec<Coord<f64>>,
-    /// The largest length an array may reach: what a `u32` addresses, and
-    /// less in tests, so a full arena can be tried without 64 GB.
+    /// The largest index or length the arena may store: what a `u32`
+    /// addresses, and less in tests, so a full arena can be tried without
+    /// 64 GB.
     limit: u32,
 }
 
@@ -89,8 +91,9 @@ struct Lengths {
 }
 
 impl BandedRings {
-    /// Appends `polygon`'s rings; `None` once the arena is as large as a
-    /// `u32` can address (the part then answers through its rings).
+    /// Appends `polygon`'s rings; `None`, with nothing appended, when an
+    /// index or length would pass `limit` (the part then answers through
+    /// its rings).
     pub fn push(&mut self, polygon: &PolygonShape) -> Option<BandedRef> {
         let first_ring = self.index(self.rings.len())?;
         let ring_count = self.index(1 + polygon.holes.len())?;

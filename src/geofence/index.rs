@@ -98,8 +98,8 @@ const LARGE_FACTOR: f64 = 64.0;
 /// From this many bytes (part-grid cells, flat rings, and one R-tree entry
 /// per part envelope, standing in for the grid's listings of it; the
 /// banded rings of parts over [`FLAT_WALK_MAX`] coordinates are not
-/// counted, as their rings were not when this was measured), an index is queried in batches: the
-/// batch hides cache misses, and an index that stays in a core's cache has
+/// counted, as their rings were not when this was measured), an index is
+/// queried in batches: the batch hides cache misses, and an index that stays in a core's cache has
 /// none to hide, only the batch's own bookkeeping. Measured
 /// (`evaluator/*` in `benches/geofence.rs`, the per-fix path always run
 /// first): at 100 fences (0.09 MB by this count) the batch path ran at

@@ -533,7 +533,8 @@ mod tests {
         assert!(!sq.boundary_within(p, 0.0));
     }
 
-    /// The marked walk against stepping every edge and against geo's
+    /// The marked walks (flat and listed) against stepping every edge and
+    /// against geo's
     /// robust answer, on rings either side of each 32-edge mask: every
     /// vertex, a point just west of each vertex at its latitude (where a
     /// range's end decides), and random points.
@@ -548,6 +549,7 @@ mod tests {
             let coords = star_ring(&mut rng, centre, edges, 0.001, 0.01);
             assert_eq!(coords.len(), edges + 1);
             let oracle = Polygon::new(LineString::from(coords.clone()), vec![]);
+            let all_edges: Vec<u32> = (0..edges as u32).collect();
             let mut probes: Vec<Coord<f64>> = coords.clone();
             probes.extend(coords.iter().map(|c| Coord {
                 x: c.x - 1e-4,
@@ -576,6 +578,12 @@ mod tests {
                     walk_position(&coords, p),
                     every_edge,
                     "{edges} edges, at {p:?}"
+                );
+                // The band walk, as if one band listed every edge.
+                assert_eq!(
+                    listed_position(&coords, &all_edges, p),
+                    every_edge,
+                    "{edges} edges listed, at {p:?}"
                 );
                 assert_eq!(every_edge, geo, "{edges} edges, at {p:?}");
             }
