@@ -14,9 +14,9 @@
 //! that cell does it read edges, from arenas too: a small part's rings
 //! walked flat, a larger part's latitude band of edges ([`BandedRings`]),
 //! a circle's centre and radius. No query reads a fence or a part (unless
-//! an arena outgrew what a `u32` addresses). Before
-//! this, every candidate cost four dependent loads (fence, part, ring,
-//! cells), and the profile was cache misses on them.
+//! an arena outgrew what a `u32` addresses). Before this, every candidate
+//! cost four dependent loads (fence, part, ring, cells), and the profile
+//! was cache misses on them.
 //!
 //! Parts whose envelope is far larger than the typical one (country borders
 //! among city blocks) go into a second layer, with its own grid and tree.
@@ -99,8 +99,9 @@ const LARGE_FACTOR: f64 = 64.0;
 /// per part envelope, standing in for the grid's listings of it; the
 /// banded rings of parts over [`FLAT_WALK_MAX`] coordinates are not
 /// counted, as their rings were not when this was measured), an index is
-/// queried in batches: the batch hides cache misses, and an index that stays in a core's cache has
-/// none to hide, only the batch's own bookkeeping. Measured
+/// queried in batches: the batch hides cache misses, and an index that
+/// stays in a core's cache has none to hide, only the batch's own
+/// bookkeeping. Measured
 /// (`evaluator/*` in `benches/geofence.rs`, the per-fix path always run
 /// first): at 100 fences (0.09 MB by this count) the batch path ran at
 /// 0.86× [0.78–0.90] the per-fix path's rate, at 10k (9.8 MB) at 1.22×
@@ -427,7 +428,8 @@ fn flat_copy(polygon: &PolygonShape, arena: &mut Vec<Coord<f64>>) -> Option<Exac
     let rings = polygon.flat_rings();
     let start = u32::try_from(arena.len()).ok()?;
     let len = u32::try_from(rings.len()).ok()?;
-    start.checked_add(len)?;
+    // The end must be addressable too.
+    let _end = start.checked_add(len)?;
     arena.extend_from_slice(&rings);
     Some(Exact::Flat { start, len })
 }

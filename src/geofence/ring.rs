@@ -61,7 +61,7 @@ pub(super) struct Slabs {
 }
 
 impl Slabs {
-    pub(super) fn band_of(&self, y: f64) -> usize {
+    fn band_of(&self, y: f64) -> usize {
         band_index(y, self.min_y, self.scale, self.bands)
     }
 
