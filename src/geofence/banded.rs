@@ -23,7 +23,7 @@
 
 use super::prefetch::prefetch;
 use super::ring::{Position, PreparedRing, Slabs, band_index, in_box, listed_position};
-use super::shape::{PolygonShape, cut_out};
+use super::shape::{PolygonShape, polygon_position};
 use geo::Coord;
 
 /// One ring's bands in the arena.
@@ -174,11 +174,11 @@ impl BandedRings {
     /// Where `p` lies relative to the part, holes cut out.
     #[inline]
     pub fn position(&self, part: BandedRef, p: Coord<f64>) -> Position {
-        let mut rings = self.rings(part).iter();
-        let exterior = rings
-            .next()
-            .map_or(Position::Outside, |ring| self.ring_position(ring, p));
-        cut_out(exterior, rings.map(|ring| self.ring_position(ring, p)))
+        polygon_position(
+            self.rings(part)
+                .iter()
+                .map(|ring| self.ring_position(ring, p)),
+        )
     }
 
     fn ring_position(&self, ring: &BandedRing, p: Coord<f64>) -> Position {
@@ -204,13 +204,6 @@ impl BandedRings {
 mod tests {
     use super::*;
     use crate::geofence::generate::{SplitMix64, smooth_ring, star_ring};
-
-    fn polygon(exterior: Vec<Coord<f64>>, holes: Vec<Vec<Coord<f64>>>) -> PolygonShape {
-        PolygonShape {
-            exterior: PreparedRing::new(exterior),
-            holes: holes.into_iter().map(PreparedRing::new).collect(),
-        }
-    }
 
     fn coords(points: &[(f64, f64)]) -> Vec<Coord<f64>> {
         points.iter().map(|&(x, y)| Coord { x, y }).collect()
@@ -252,24 +245,24 @@ mod tests {
         let mut rng = SplitMix64::new(7);
         let c = Coord { x: 13.4, y: 52.5 };
         let shapes = [
-            polygon(star_ring(&mut rng, c, 200, 0.005, 0.05), vec![]),
-            polygon(
+            PolygonShape::from_rings(star_ring(&mut rng, c, 200, 0.005, 0.05), vec![]),
+            PolygonShape::from_rings(
                 smooth_ring(&mut rng, c, 3_000, 0.03),
                 vec![
                     star_ring(&mut rng, c, 5, 0.001, 0.004),
                     smooth_ring(&mut rng, c, 150, 0.01),
                 ],
             ),
-            polygon(star_ring(&mut rng, c, 20, 0.005, 0.05), vec![]),
-            polygon(
+            PolygonShape::from_rings(star_ring(&mut rng, c, 20, 0.005, 0.05), vec![]),
+            PolygonShape::from_rings(
                 coords(&[(0.0, 1.0), (2.0, 1.0), (5.0, 1.0), (0.0, 1.0)]),
                 vec![],
             ),
-            polygon(
+            PolygonShape::from_rings(
                 coords(&[(3.0, 0.0), (3.0, 2.0), (3.0, 7.0), (3.0, 0.0)]),
                 vec![],
             ),
-            polygon(
+            PolygonShape::from_rings(
                 coords(&[
                     (0.0, 0.0),
                     (4.0, 0.0),
@@ -298,7 +291,7 @@ mod tests {
     fn a_part_that_does_not_fit_is_undone_whole() {
         let mut rng = SplitMix64::new(3);
         let c = Coord { x: 0.0, y: 0.0 };
-        let first = polygon(star_ring(&mut rng, c, 100, 0.005, 0.05), vec![]);
+        let first = PolygonShape::from_rings(star_ring(&mut rng, c, 100, 0.005, 0.05), vec![]);
         let exterior = star_ring(&mut rng, c, 100, 0.005, 0.05);
         let hole = star_ring(&mut rng, c, 100, 0.001, 0.004);
         let mut arena = BandedRings::default();
@@ -308,7 +301,7 @@ mod tests {
         // part fails after its exterior was appended.
         let mut sizing = BandedRings::default();
         sizing
-            .push(&polygon(exterior.clone(), vec![]))
+            .push(&PolygonShape::from_rings(exterior.clone(), vec![]))
             .expect("room in the arena");
         let need = sizing.lengths();
         let longest = (before.rings + need.rings)
@@ -316,7 +309,11 @@ mod tests {
             .max(before.edges + need.edges)
             .max(before.coords + need.coords);
         arena.limit = u32::try_from(longest).expect("small");
-        assert!(arena.push(&polygon(exterior.clone(), vec![hole])).is_none());
+        assert!(
+            arena
+                .push(&PolygonShape::from_rings(exterior.clone(), vec![hole]))
+                .is_none()
+        );
         let after = arena.lengths();
         assert_eq!(
             (after.rings, after.starts, after.edges, after.coords),
@@ -324,7 +321,9 @@ mod tests {
         );
         assert_agrees(&arena, part, &first, 1);
         assert!(
-            arena.push(&polygon(exterior, vec![])).is_some(),
+            arena
+                .push(&PolygonShape::from_rings(exterior, vec![]))
+                .is_some(),
             "the exterior alone fits"
         );
     }

@@ -115,10 +115,7 @@ pub fn smooth_ring(
 
 /// A polygon part from closed rings, exterior first.
 pub fn polygon(exterior: Vec<Coord<f64>>, holes: Vec<Vec<Coord<f64>>>) -> Part {
-    Part::Polygon(PolygonShape {
-        exterior: PreparedRing::new(exterior),
-        holes: holes.into_iter().map(PreparedRing::new).collect(),
-    })
+    Part::Polygon(PolygonShape::from_rings(exterior, holes))
 }
 
 /// `n` fences: city blocks of 8–64 vertices (every 5th with a hole, every

@@ -300,8 +300,7 @@ impl FenceIndex {
     fn exact_covers(&self, candidate: &Candidate, p: Coord<f64>) -> bool {
         match candidate.exact {
             Exact::Flat { start, len } => {
-                let start = start as usize;
-                walk_flat(&self.flat[start..start + len as usize], p) != Position::Outside
+                walk_flat(self.flat_rings(start, len), p) != Position::Outside
             }
             Exact::Banded(part) => self.banded.position(part, p) != Position::Outside,
             Exact::Circle(i) => self.circles[i as usize].covers(p),
@@ -309,14 +308,18 @@ impl FenceIndex {
         }
     }
 
+    /// A small part's rings in the flat arena.
+    #[inline]
+    fn flat_rings(&self, start: u32, len: u32) -> &[Coord<f64>] {
+        let start = start as usize;
+        &self.flat[start..start + len as usize]
+    }
+
     /// Starts loading what [`Self::exact_covers`] will read first.
     #[inline]
     fn prefetch_exact(&self, candidate: &Candidate, p: Coord<f64>) {
         match candidate.exact {
-            Exact::Flat { start, len } => {
-                let start = start as usize;
-                prefetch_lines(&self.flat[start..start + len as usize]);
-            }
+            Exact::Flat { start, len } => prefetch_lines(self.flat_rings(start, len)),
             Exact::Banded(part) => self.banded.prefetch(part, p),
             Exact::Circle(i) => prefetch(&self.circles[i as usize]),
             Exact::Part(_) => {}

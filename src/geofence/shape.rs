@@ -21,15 +21,25 @@ pub struct PolygonShape {
 }
 
 impl PolygonShape {
+    /// Prepares closed rings (coordinates checked by the caller), exterior
+    /// first.
+    pub fn from_rings(exterior: Vec<Coord<f64>>, holes: Vec<Vec<Coord<f64>>>) -> Self {
+        Self {
+            exterior: PreparedRing::new(exterior),
+            holes: holes.into_iter().map(PreparedRing::new).collect(),
+        }
+    }
+
     fn covers(&self, p: Coord<f64>) -> bool {
         self.position(p) != Position::Outside
     }
 
     /// Where `p` lies relative to the polygon with its holes cut out.
     pub fn position(&self, p: Coord<f64>) -> Position {
-        cut_out(
-            self.exterior.position(p),
-            self.holes.iter().map(|hole| hole.position(p)),
+        polygon_position(
+            std::iter::once(&self.exterior)
+                .chain(&self.holes)
+                .map(|ring| ring.position(p)),
         )
     }
 
@@ -58,14 +68,15 @@ impl PolygonShape {
     }
 }
 
-/// The position in a polygon, from the position in its exterior and,
-/// lazily, in each hole.
-pub(super) fn cut_out(exterior: Position, holes: impl Iterator<Item = Position>) -> Position {
+/// The position in a polygon, from the positions in its rings, exterior
+/// first; the holes' are asked for only while the point may be inside.
+pub(super) fn polygon_position(mut rings: impl Iterator<Item = Position>) -> Position {
+    let exterior = rings.next().unwrap_or(Position::Outside);
     if exterior != Position::Inside {
         return exterior;
     }
     let mut position = Position::Inside;
-    for hole in holes {
+    for hole in rings {
         match hole {
             Position::Inside => return Position::Outside,
             Position::Boundary => position = Position::Boundary,
@@ -79,11 +90,10 @@ pub(super) fn cut_out(exterior: Position, holes: impl Iterator<Item = Position>)
 /// every edge: one contiguous read, for small parts whose cell could not
 /// decide.
 pub fn walk_flat(flat: &[Coord<f64>], p: Coord<f64>) -> Position {
-    let mut rings = flat.split(|c| c.x.is_nan());
-    let exterior = rings
-        .next()
-        .map_or(Position::Outside, |ring| walk_position(ring, p));
-    cut_out(exterior, rings.map(|ring| walk_position(ring, p)))
+    polygon_position(
+        flat.split(|c| c.x.is_nan())
+            .map(|ring| walk_position(ring, p)),
+    )
 }
 
 /// A circle given by centre and radius in metres.

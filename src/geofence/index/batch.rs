@@ -61,8 +61,8 @@ impl FenceIndex {
                     });
                 }
             }
-            // The cells, and the exact tests of those that cannot decide; the next
-            // window's grid cells meanwhile.
+            // The cells, and the exact tests of those that cannot decide;
+            // the next window's grid cells meanwhile.
             if let Some(next) = windows.peek() {
                 prefetch_cells(&layers, next);
             }
