@@ -23,16 +23,15 @@ use geogate::geofence::{EvaluatorSettings, FenceIndex, load_fences};
 use geogate::pipeline::accounting::{Accounting, Balance};
 #[cfg(target_os = "linux")]
 use geogate::pipeline::decode::Decoded;
+use geogate::pipeline::shard::completion::ShardCounters;
 use geogate::pipeline::shard::queue::{QueueReceiver, QueueSender, queue};
-use geogate::pipeline::shard::worker::BatchSink;
 use geogate::pipeline::shard::{RefusalCounters, Router, ShardInput, WorkerContext, worker};
 use geogate::replay::capture;
+use geogate::shutdown::Drain;
 use geogate::sink::dead_letter::DeadLetterSink;
 use geogate::source::intake::Intake;
 use geogate::source::{Completions, Envelope};
-use geogate::state::commit::ShardCounters;
-use geogate::state::shared::SharedStage;
-use geogate::state::stage::StateStage;
+use geogate::state::{Backend, OpenContext};
 use local_redis::LocalRedis;
 use metrics_exporter_prometheus::PrometheusBuilder;
 use std::hint::black_box;
@@ -163,19 +162,16 @@ impl Pipeline {
 
     /// A worker's context. The fences never change during a run, so the
     /// watch's sender is let go at once (a closed watch reads as unchanged).
-    fn worker_context(&self, shard: usize, sink: BatchSink, run: &RunContext) -> WorkerContext {
+    fn worker_context(&self, shard: usize, run: &RunContext) -> WorkerContext {
         WorkerContext {
-            shard,
             fences: watch::channel(self.index.clone()).1,
-            sink,
             counters: Arc::new(ShardCounters::new(
                 shard,
                 run.accounting.clone(),
                 run.completions.clone(),
             )),
             sustained_rate: 0.0,
-            deadline: run.deadline.clone(),
-            per_fence_labels: false,
+            drain: run.drain.clone(),
         }
     }
 
@@ -198,25 +194,46 @@ impl Pipeline {
             completions: run.completions.clone(),
             accounting: run.accounting.clone(),
             clock: MonotonicClock::new(),
-            deadline: run.deadline.clone(),
+            drain: run.drain.clone(),
             refused: Vec::new(),
             counters: RefusalCounters::new(),
         }
     }
 
-    /// A shard worker on the local state stage (memory or embedded).
-    fn local_worker(
+    /// The state backend `state` configures, as `pipeline::run` opens it.
+    async fn backend(
         &self,
-        settings: EvaluatorSettings,
-        stage: &mut StateStage,
+        state: &StateConfig,
+        shards: usize,
+        run: &RunContext,
+    ) -> Box<dyn Backend> {
+        geogate::state::open(
+            state,
+            OpenContext {
+                events: Some(self.events_path()),
+                events_connection: None,
+                settings: EvaluatorSettings::default(),
+                instance: "bench".to_owned(),
+                fence_fingerprint: watch::channel("bench".to_owned()).1,
+                shards,
+                per_fence_labels: false,
+                drain: run.drain.clone(),
+            },
+        )
+        .await
+        .expect("state backend")
+    }
+
+    /// One shard worker on `backend`'s state for that shard.
+    fn spawn_worker(
+        &self,
+        backend: &mut dyn Backend,
         shard: usize,
         queue: QueueReceiver,
         run: &RunContext,
     ) -> tokio::task::JoinHandle<()> {
-        let evaluator = stage.evaluator(shard, self.index.clone(), settings);
-        let sink = BatchSink::Commit(stage.commits.clone());
-        let ctx = self.worker_context(shard, sink, run);
-        tokio::spawn(worker(queue, evaluator, ctx))
+        let state = backend.shard(shard, self.index.clone(), Vec::new());
+        tokio::spawn(worker(queue, state, self.worker_context(shard, run)))
     }
 
     /// Each stage alone, one after another, beside decode-only and the
@@ -371,26 +388,16 @@ impl Pipeline {
         run: &RunContext,
     ) {
         runtime.block_on(async {
-            let events = self.events_path();
-            let mut stage = StateStage::start(
-                state,
-                Some(&events),
-                None,
-                queues.len(),
-                run.deadline.clone(),
-            )
-            .expect("state stage");
-            let settings = EvaluatorSettings::default();
+            let mut backend = self.backend(state, queues.len(), run).await;
             let workers: Vec<_> = queues
                 .into_iter()
                 .enumerate()
-                .map(|(shard, queue)| self.local_worker(settings, &mut stage, shard, queue, run))
+                .map(|(shard, queue)| self.spawn_worker(backend.as_mut(), shard, queue, run))
                 .collect();
-            let finished = stage.finish();
             for w in workers {
                 let _ = w.await;
             }
-            finished.await;
+            backend.finish().await;
         });
     }
 
@@ -421,46 +428,14 @@ impl Pipeline {
         // faster.
         let queued: usize = intake.iter().map(|lane| lane.len()).sum();
         let run = RunContext::new();
-        let events = self.events_path();
-        let settings = EvaluatorSettings::default();
-        let mut local = None;
-        let mut shared = None;
-        if state.backend == StateBackend::Redis {
-            shared = Some(
-                SharedStage::start(
-                    &state,
-                    &settings,
-                    &events,
-                    "bench",
-                    None,
-                    watch::channel("bench".to_owned()).1,
-                    run.deadline.clone(),
-                )
-                .await
-                .expect("shared state"),
-            );
-        } else {
-            local = Some(
-                StateStage::start(&state, Some(&events), None, shards, run.deadline.clone())
-                    .expect("state stage"),
-            );
-        }
+        let mut backend = self.backend(&state, shards, &run).await;
         let capacity = PipelineConfig::default().queue_capacity;
         let mut inputs = Vec::new();
         let mut workers = Vec::new();
         for shard in 0..shards {
             let (tx, rx) = queue(capacity);
             inputs.push(Self::shard_input(shard, tx, capacity, gating));
-            workers.push(match (&mut local, &shared) {
-                (Some(stage), _) => self.local_worker(settings, stage, shard, rx, &run),
-                (None, Some(stage)) => {
-                    let evaluator = geogate::geofence::Evaluator::new(self.index.clone(), settings);
-                    let sink = BatchSink::Shared(stage.applier(self.index.clone(), settings));
-                    let ctx = self.worker_context(shard, sink, &run);
-                    tokio::spawn(worker(rx, evaluator, ctx))
-                }
-                (None, None) => unreachable!("one stage was started above"),
-            });
+            workers.push(self.spawn_worker(backend.as_mut(), shard, rx, &run));
         }
         // Built before the lanes start, as `pipeline::run` builds it: built
         // after, the lanes got a head start, decoding while the dead letter
@@ -471,17 +446,11 @@ impl Pipeline {
         // Started as `pipeline::run` starts it, on its own thread.
         let routing = Instant::now();
         let _ = router.spawn(decoded).await;
-        let finished = local.map(StateStage::finish);
         for w in workers {
             let _ = w.await;
         }
         let finishing = Instant::now();
-        if let Some(finished) = finished {
-            finished.await;
-        }
-        if let Some(shared) = shared {
-            shared.finish().await;
-        }
+        backend.finish().await;
         let phases = Phases {
             start: (routing - started).as_secs_f64(),
             route: (finishing - routing).as_secs_f64(),
@@ -509,26 +478,22 @@ enum Gating {
 
 /// What every stage of one run reports to: its balance, the channel of
 /// finished tokens (kept open for the run, as the acker would keep it), and
-/// the drain deadline (never set in the bench; its sender kept so that it
-/// stays unset rather than closed).
+/// the drain deadline (never set in the bench).
 struct RunContext {
     accounting: Arc<Accounting>,
     completions: Completions,
     _finished: mpsc::UnboundedReceiver<geogate::source::AckToken>,
-    deadline: watch::Receiver<Option<Instant>>,
-    _deadline_tx: watch::Sender<Option<Instant>>,
+    drain: Drain,
 }
 
 impl RunContext {
     fn new() -> Self {
         let (completions, finished) = Completions::channel();
-        let (deadline_tx, deadline) = watch::channel(None);
         Self {
             accounting: Arc::new(Accounting::default()),
             completions,
             _finished: finished,
-            deadline,
-            _deadline_tx: deadline_tx,
+            drain: Drain::never(),
         }
     }
 }

@@ -14,7 +14,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use fred::prelude::{ClientLike, Config, LuaInterface};
 use geogate::geofence::probe::{Containing, FenceProbe};
 use geogate::redis_link::RedisLink;
-use geogate::state::shared::{FixFacts, SharedRules};
+use geogate::state::redis::{FixFacts, SharedRules};
 use local_redis::LocalRedis;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -113,7 +113,7 @@ fn clients(c: &mut Criterion) {
         client
     });
     let sha: String = runtime
-        .block_on(fred.script_load(include_str!("../src/state/shared/apply.lua")))
+        .block_on(fred.script_load(include_str!("../src/state/redis/apply.lua")))
         .expect("script load");
     let mut generation = 0u64;
     let mut group = c.benchmark_group("redis_clients");

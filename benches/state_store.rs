@@ -14,11 +14,12 @@
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use geogate::config::{FsyncPolicy, StateBackend, StateConfig};
+use geogate::delivery::outbox::OutboxEntry;
 use geogate::geofence::{Transition, TransitionKind, VehicleSnapshot};
 use geogate::model::VehicleId;
 use geogate::state::embedded::EmbeddedStore;
-use geogate::state::outbox::OutboxEntry;
-use geogate::state::{CommitBatch, Store, record};
+use geogate::state::local::record;
+use geogate::state::local::store::{CommitBatch, Store};
 use redb::{Database, Durability, TableDefinition};
 
 const TRACKED: usize = 100_000;

@@ -1,4 +1,4 @@
-//! The membership rules as a Redis script (`state::shared`) against the
+//! The membership rules as a Redis script (`state::redis`) against the
 //! in-process evaluator, on a real redis-server: the same fixes, in batches
 //! grouped by partition as instances would send them, give the same
 //! outcomes, the same transitions and the same vehicle state.
@@ -12,7 +12,7 @@ use geogate::geofence::{
 };
 use geogate::model::VehicleId;
 use geogate::redis_link::RedisLink;
-use geogate::state::shared::{FixFacts, SharedRules};
+use geogate::state::redis::{FixFacts, SharedRules};
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::Arc;

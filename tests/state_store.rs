@@ -5,7 +5,8 @@ use geogate::config::{FsyncPolicy, StateBackend, StateConfig};
 use geogate::geofence::VehicleSnapshot;
 use geogate::model::VehicleId;
 use geogate::state::embedded::EmbeddedStore;
-use geogate::state::{CommitBatch, Store, record};
+use geogate::state::local::record;
+use geogate::state::local::store::{CommitBatch, Store};
 
 const VEHICLES: usize = 1_000_000;
 

@@ -9,6 +9,7 @@ mod banded;
 mod cell_grid;
 pub mod evaluator;
 pub mod fences;
+mod fingerprint;
 pub mod generate;
 mod grid;
 pub mod index;
@@ -27,4 +28,5 @@ pub use fences::{
     load_fences_with_warnings, parse_fences, parse_fences_with_warnings, read_fence_file,
     summarize,
 };
+pub use fingerprint::fingerprint;
 pub use index::{Coverings, FenceIdx, FenceIndex};

@@ -17,24 +17,21 @@ use crate::admission::{Admission, AdmissionPolicy, GateKind};
 use crate::allowance::{GlobalAllowance, RedisTarget, SharedBucket};
 use crate::clock::MonotonicClock;
 use crate::codec::Dedup;
-use crate::config::{Config, StateBackend};
+use crate::config::Config;
 use crate::geofence::{
-    Evaluator, EvaluatorSettings, FenceErrors, FenceIndex, parse_fences, read_fence_file,
+    EvaluatorSettings, FenceErrors, FenceIndex, fingerprint, parse_fences, read_fence_file,
 };
+use crate::shutdown::DrainControl;
 use crate::sink::dead_letter::{DeadLetterSink, Recovery};
 use crate::source::Completions;
 use crate::source::intake::Intake;
 use crate::source::mqtt::{self, Acker, IntakeControl, LiveConnection, poll::PollTask};
-use crate::state::StateError;
-use crate::state::commit::ShardCounters;
-use crate::state::shared::SharedStage;
-use crate::state::shared::fence_sets;
-use crate::state::stage::StateStage;
+use crate::state::{OpenContext, StateError};
 use accounting::{Accounting, Balance};
 use rumqttc::AsyncClient;
+use shard::completion::ShardCounters;
 use shard::input::shaper_lane;
 use shard::queue::FillView;
-use shard::worker::BatchSink;
 use shard::{DeadLetterMirror, RefusalCounters, Router, ShardInput, WorkerContext};
 use std::future::Future;
 use std::sync::Arc;
@@ -83,7 +80,7 @@ impl FenceReloader {
         let count = fences.len();
         self.tx.send_replace(Arc::new(FenceIndex::new(fences)));
         self.fingerprint
-            .send_replace(fence_sets::fingerprint(&text, &self.settings));
+            .send_replace(fingerprint(&text, &self.settings));
         Ok(count)
     }
 }
@@ -147,14 +144,6 @@ async fn drive_output(mut eventloop: rumqttc::EventLoop) {
 
 /// Runs the pipeline until `shutdown` resolves; returns the final balance.
 /// `on_ready` receives the fence reloader and a view once everything runs.
-/// Where vehicle state lives for this run.
-enum Stage {
-    /// In this process (embedded or memory backend).
-    Local(StateStage),
-    /// In Redis, shared with other instances.
-    Shared(SharedStage),
-}
-
 pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()>,
@@ -170,8 +159,7 @@ pub async fn run(
     let fences = parse_fences(&fence_text)?;
     tracing::info!(fences = fences.len(), "fences loaded");
     let (fence_tx, fence_rx) = watch::channel(Arc::new(FenceIndex::new(fences)));
-    let (fingerprint_tx, fingerprint_rx) =
-        watch::channel(fence_sets::fingerprint(&fence_text, &settings));
+    let (fingerprint_tx, fingerprint_rx) = watch::channel(fingerprint(&fence_text, &settings));
     let reloader = FenceReloader {
         path: config.fences.path.clone(),
         tx: Arc::new(fence_tx),
@@ -196,7 +184,7 @@ pub async fn run(
     let accounting = Arc::new(Accounting::default());
     let control = IntakeControl::default();
 
-    let (deadline_tx, deadline_rx) = watch::channel(None);
+    let (drain_control, drain) = DrainControl::new();
 
     // Output connection: the dead-letter mirror.
     let output = if let Some(topic) = &dl.mqtt_topic {
@@ -222,27 +210,20 @@ pub async fn run(
     } else {
         None
     };
-    let mut stage = match (config.state.backend, config.events.path.as_deref()) {
-        (StateBackend::Redis, Some(events)) => Stage::Shared(
-            SharedStage::start(
-                &config.state,
-                &settings,
-                events,
-                &config.mqtt.client_id,
-                events_connection,
-                fingerprint_rx,
-                deadline_rx.clone(),
-            )
-            .await?,
-        ),
-        _ => Stage::Local(StateStage::start(
-            &config.state,
-            config.events.path.as_deref(),
+    let mut backend = crate::state::open(
+        &config.state,
+        OpenContext {
+            events: config.events.path.clone(),
             events_connection,
-            config.pipeline.shard_count(),
-            deadline_rx.clone(),
-        )?),
-    };
+            settings,
+            instance: config.mqtt.client_id.clone(),
+            fence_fingerprint: fingerprint_rx,
+            shards: config.pipeline.shard_count(),
+            per_fence_labels: config.metrics.per_fence_labels,
+            drain: drain.clone(),
+        },
+    )
+    .await?;
 
     // Intake connection.
     let max_unacked = config.mqtt.max_unacked;
@@ -280,6 +261,7 @@ pub async fn run(
         ));
         (allowance, refiller)
     });
+    let mut restored = shard::split_by_shard(backend.take_restored(), shard_count).into_iter();
     let mut inputs = Vec::with_capacity(shard_count);
     let mut queues = Vec::with_capacity(shard_count);
     let mut workers = Vec::with_capacity(shard_count);
@@ -301,31 +283,23 @@ pub async fn run(
             lane_tx
         });
         inputs.push(ShardInput::new(shard, tx, admission, lane));
-        let index = fence_rx.borrow().clone();
-        let (evaluator, sink) = match &mut stage {
-            Stage::Local(local) => (
-                local.evaluator(shard, index, settings),
-                BatchSink::Commit(local.commits.clone()),
-            ),
-            Stage::Shared(shared) => (
-                Evaluator::new(index.clone(), settings),
-                BatchSink::Shared(shared.applier(index, settings)),
-            ),
-        };
-        let ctx = WorkerContext {
+        let mut fences = fence_rx.clone();
+        let state = backend.shard(
             shard,
-            fences: fence_rx.clone(),
-            sink,
+            fences.borrow_and_update().clone(),
+            restored.next().unwrap_or_default(),
+        );
+        let ctx = WorkerContext {
+            fences,
             counters: Arc::new(ShardCounters::new(
                 shard,
                 accounting.clone(),
                 completions.clone(),
             )),
             sustained_rate: config.pipeline.sustained_rate,
-            deadline: deadline_rx.clone(),
-            per_fence_labels: config.metrics.per_fence_labels,
+            drain: drain.clone(),
         };
-        workers.push(tokio::spawn(shard::worker(rx, evaluator, ctx)));
+        workers.push(tokio::spawn(shard::worker(rx, state, ctx)));
     }
     let router = Router {
         shards: inputs,
@@ -336,7 +310,7 @@ pub async fn run(
         completions,
         accounting: accounting.clone(),
         clock,
-        deadline: deadline_rx.clone(),
+        drain,
         refused: Vec::new(),
         counters: RefusalCounters::new(),
     };
@@ -370,18 +344,12 @@ pub async fn run(
     tracing::info!("shutting down: intake closed, draining");
     control.close();
     let deadline = Instant::now() + Duration::from_secs_f64(config.pipeline.drain_deadline_s);
-    let _ = deadline_tx.send(Some(deadline));
+    drain_control.begin(deadline);
     let mut dead_letter = router.await.ok();
-    // The local committer ends once the workers drop their senders; the
-    // shared stage is asked to finish only after the workers are done.
-    let state_finished: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = match stage {
-        Stage::Local(local) => Box::pin(local.finish()),
-        Stage::Shared(shared) => Box::pin(shared.finish()),
-    };
     for w in workers {
         let _ = w.await;
     }
-    state_finished.await;
+    backend.finish().await;
     let _ = acker.await;
     control.acks_flushed();
     let _ = tokio::time::timeout(Duration::from_secs(5), poll).await;

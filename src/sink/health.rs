@@ -1,13 +1,13 @@
 //! A failing sink, made loud: a health gauge per sink, a failure counter,
-//! log lines that name the file and the OS error, and one retry loop that
-//! backs off until the sink recovers or shutdown's drain deadline passes.
+//! and log lines that name the file and the OS error, followed through
+//! the retry loop of [`crate::shutdown::Drain::retry`], which backs off
+//! until the sink recovers or shutdown's drain deadline passes.
 
-use crate::backoff::Backoff;
+use crate::shutdown::RetryObserver;
 use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::time::{Duration, Instant};
-use tokio::sync::watch;
+use std::time::Duration;
 
 /// One sink's health, shared by every caller that writes to it (the
 /// workers share the events file): the gauge is 0 while any of them is
@@ -19,7 +19,7 @@ pub struct SinkHealth {
     held: &'static str,
     healthy: metrics::Gauge,
     failures: metrics::Counter,
-    /// Callers inside [`retry_until`] right now.
+    /// Callers inside a retry loop right now.
     failing: AtomicUsize,
     /// Failed attempts since the sink last worked, for the log.
     attempts: AtomicU64,
@@ -41,6 +41,12 @@ impl SinkHealth {
             attempts: AtomicU64::new(0),
         }
     }
+}
+
+impl RetryObserver for SinkHealth {
+    fn entered(&self) {
+        self.failing.fetch_add(1, Relaxed);
+    }
 
     fn failed(&self, e: &io::Error, wait: Duration) {
         let attempt = self.attempts.fetch_add(1, Relaxed) + 1;
@@ -60,7 +66,7 @@ impl SinkHealth {
 
     /// A caller leaves its retry loop; the last one out of a working sink
     /// turns the gauge back to 1.
-    fn leave(&self, recovered: bool) {
+    fn left(&self, recovered: bool) {
         if self.failing.fetch_sub(1, Relaxed) == 1 && recovered {
             let attempts = self.attempts.swap(0, Relaxed);
             tracing::info!(
@@ -69,56 +75,6 @@ impl SinkHealth {
                 self.path
             );
             self.healthy.set(1.0);
-        }
-    }
-}
-
-/// Retries `attempt` after `first` failed, with backoff, until it succeeds
-/// (true) or the drain deadline passes (false: the caller leaves its
-/// message unacked for redelivery).
-pub async fn retry_until(
-    health: &SinkHealth,
-    deadline: &mut watch::Receiver<Option<Instant>>,
-    first: io::Error,
-    mut attempt: impl FnMut() -> io::Result<()>,
-) -> bool {
-    health.failing.fetch_add(1, Relaxed);
-    let mut backoff = Backoff::new();
-    let mut error = first;
-    loop {
-        let wait = backoff.step();
-        health.failed(&error, wait);
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = wait_deadline(deadline) => {
-                health.leave(false);
-                return false;
-            }
-        }
-        match attempt() {
-            Ok(()) => {
-                health.leave(true);
-                return true;
-            }
-            Err(e) => error = e,
-        }
-    }
-}
-
-/// Resolves once the drain deadline is set and has passed.
-pub async fn wait_deadline(deadline: &mut watch::Receiver<Option<Instant>>) {
-    loop {
-        let current = *deadline.borrow_and_update();
-        match current {
-            Some(at) => {
-                tokio::time::sleep_until(at.into()).await;
-                return;
-            }
-            None => {
-                if deadline.changed().await.is_err() {
-                    std::future::pending::<()>().await;
-                }
-            }
         }
     }
 }

@@ -2,11 +2,13 @@
 //! evaluate. [`shard_of`] picks the shard, so one vehicle's fixes are
 //! evaluated in order by one worker that owns its membership state.
 //!
+//! * [`completion`]: a batch's messages counted and acked once durable;
 //! * [`input`]: the router's view of one shard (queue, admission, bursts);
 //! * [`queue`]: the bounded queue that carries those bursts to the worker;
 //! * [`router`]: decode, dedup, route, admit, dead-letter every refusal;
-//! * [`worker`]: drain one shard into its evaluator and the event sink.
+//! * [`worker`]: drain one shard into its state.
 
+pub mod completion;
 pub mod input;
 pub mod queue;
 pub mod router;
@@ -51,4 +53,13 @@ impl Admitted {
 /// The vehicle's shard ([`VehicleHash::shard`]).
 pub fn shard_of(vehicle: &str, shards: usize) -> usize {
     VehicleHash::of(vehicle).shard(shards)
+}
+
+/// Sorts vehicles into the shards that will own them.
+pub fn split_by_shard<T>(vehicles: Vec<(VehicleId, T)>, shards: usize) -> Vec<Vec<(VehicleId, T)>> {
+    let mut split: Vec<Vec<_>> = (0..shards.max(1)).map(|_| Vec::new()).collect();
+    for (vehicle, value) in vehicles {
+        split[shard_of(&vehicle, shards)].push((vehicle, value));
+    }
+    split
 }

@@ -14,14 +14,13 @@ use crate::codec::{self, CodecSettings, Dedup, Reason};
 use crate::model::Priority;
 use crate::pipeline::accounting::Accounting;
 use crate::pipeline::decode::Decoded;
+use crate::shutdown::Drain;
 use crate::sink::dead_letter::{DeadLetter, DeadLetterSink};
-use crate::sink::health::retry_until;
 use crate::source::{AckToken, Completions, Envelope};
 use crate::stable_hash::VehicleHash;
 use rumqttc::{AsyncClient, QoS};
 use std::sync::Arc;
-use std::time::Instant;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 /// Optional mirror of dead letters to an MQTT topic.
 pub struct DeadLetterMirror {
@@ -42,7 +41,7 @@ pub struct Router<C: Clock> {
     pub clock: C,
     /// Shutdown's drain deadline: past it, a dead letter that still cannot
     /// be written is given up on and its message left unacked.
-    pub deadline: watch::Receiver<Option<Instant>>,
+    pub drain: Drain,
     /// Refusals whose records wait in the dead letter's queue, in order.
     pub refused: Vec<Refused>,
     pub counters: RefusalCounters,
@@ -211,8 +210,10 @@ impl<C: Clock> Router<C> {
         if let Err(first) = self.dead_letter.flush() {
             let health = self.dead_letter.health();
             let dead_letter = &mut self.dead_letter;
-            let written =
-                retry_until(&health, &mut self.deadline, first, || dead_letter.flush()).await;
+            let written = self
+                .drain
+                .retry(&*health, first, || dead_letter.flush())
+                .await;
             if !written {
                 // Shutdown came first: not written, so not finished; the
                 // broker redelivers them after the restart.
@@ -467,7 +468,6 @@ mod tests {
         let gate = spec.build().map_err(|e| e.to_string())?;
         let clock = ManualClock::starting_at(0);
         let (completions, _finished) = Completions::channel();
-        let (_deadline_tx, deadline) = watch::channel(None);
         let codec = CodecSettings::default();
         let mut router = Router {
             shards: vec![ShardInput::new(0, tx, Admission::new(policy, gate), None)],
@@ -478,7 +478,7 @@ mod tests {
             completions,
             accounting: Arc::new(Accounting::default()),
             clock: clock.clone(),
-            deadline,
+            drain: Drain::never(),
             refused: Vec::new(),
             counters: RefusalCounters::new(),
         };
@@ -505,7 +505,7 @@ mod tests {
                 token: None,
                 topic: record.topic.clone(),
                 payload: record.payload_bytes().into(),
-                received_at: Instant::now(),
+                received_at: std::time::Instant::now(),
                 redelivered: false,
             };
             let verdict = if step.fill >= capacity {

@@ -18,12 +18,12 @@
 use super::SharedKeys;
 use super::fence_sets::FenceSets;
 use crate::backoff::Backoff;
-use crate::config::FsyncPolicy;
+use crate::crash_point;
+use crate::delivery::outbox::{OutboxEntry, transition_id};
+use crate::delivery::writer::EventsWriter;
 use crate::geofence::{Transition, TransitionKind};
 use crate::redis_link::RedisLink;
-use crate::sink::append_file::AppendFile;
-use crate::sink::health::{SinkHealth, retry_until};
-use crate::state::outbox::{OutboxEntry, transition_id};
+use crate::shutdown::Drain;
 use redis::AsyncCommands;
 use redis::streams::{StreamAutoClaimOptions, StreamId, StreamReadOptions, StreamReadReply};
 use std::collections::HashSet;
@@ -49,8 +49,7 @@ pub struct OutboxConsumer {
     pub partitions: u32,
     /// This instance's consumer name (its MQTT client id).
     pub me: String,
-    pub file: AppendFile,
-    pub fsync: FsyncPolicy,
+    pub file: EventsWriter,
     /// Seq for the next line.
     pub next_seq: u64,
     /// Ids on the file's last lines, checked against this consumer's own
@@ -71,24 +70,14 @@ impl OutboxConsumer {
     /// Runs until `stop` turns true and a pass finds nothing more to
     /// deliver, or the drain deadline passes; then leaves the register of
     /// fence sets (and hangs up on the publisher).
-    pub async fn run(
-        mut self,
-        stop: watch::Receiver<bool>,
-        deadline: watch::Receiver<Option<Instant>>,
-    ) {
-        self.deliver_until(stop, deadline).await;
+    pub async fn run(mut self, stop: watch::Receiver<bool>, drain: Drain) {
+        self.deliver_until(stop, drain).await;
         // Hung up first: the publisher starts its final wait for acks.
         self.publisher = None;
         self.fence_sets.leave(&mut self.link).await;
     }
 
-    async fn deliver_until(
-        &mut self,
-        mut stop: watch::Receiver<bool>,
-        mut deadline: watch::Receiver<Option<Instant>>,
-    ) {
-        let path = self.file.path().to_owned();
-        let health = SinkHealth::new("events", &path, "its transitions stay in the outbox");
+    async fn deliver_until(&mut self, mut stop: watch::Receiver<bool>, mut drain: Drain) {
         let errors = metrics::counter!("geogate_state_redis_errors_total");
         let delivered = metrics::counter!("geogate_outbox_delivered_total");
         let claimed = metrics::counter!("geogate_outbox_claimed_total");
@@ -108,7 +97,7 @@ impl OutboxConsumer {
             .unwrap_or_else(Instant::now);
         loop {
             let stopping = *stop.borrow();
-            if deadline.borrow().is_some_and(|d| Instant::now() >= d) {
+            if drain.passed() {
                 return;
             }
             let mut moved = 0usize;
@@ -120,7 +109,7 @@ impl OutboxConsumer {
                         if own && entries.is_empty() {
                             reading_own[p as usize] = false;
                         }
-                        match self.deliver(p, &entries, &health, &mut deadline).await {
+                        match self.deliver(p, &entries, &mut drain).await {
                             Ok(n) => {
                                 moved += entries.len();
                                 delivered.increment(n);
@@ -141,7 +130,7 @@ impl OutboxConsumer {
                     match self.claim(p).await {
                         Ok(entries) if !entries.is_empty() => {
                             claimed.increment(entries.len() as u64);
-                            match self.deliver(p, &entries, &health, &mut deadline).await {
+                            match self.deliver(p, &entries, &mut drain).await {
                                 Ok(n) => delivered.increment(n),
                                 Err(e) => failed = Some(e),
                             }
@@ -239,13 +228,12 @@ impl OutboxConsumer {
         &mut self,
         p: u32,
         entries: &[StreamId],
-        health: &SinkHealth,
-        deadline: &mut watch::Receiver<Option<Instant>>,
+        drain: &mut Drain,
     ) -> Result<u64, String> {
         if entries.is_empty() {
             return Ok(0);
         }
-        crate::state::crash_point::reached("outbox.read");
+        crash_point::reached("outbox.read");
         let mut written = Vec::new();
         for entry in entries {
             if self.unacked.contains(&(p, entry.id.clone())) {
@@ -263,29 +251,15 @@ impl OutboxConsumer {
             if self.recent.remove(&transition_id(&t)) {
                 continue;
             }
-            let entry = OutboxEntry::new(self.next_seq, &t);
-            self.file.queue(&entry.line);
-            self.file.queue(b"\n");
+            written.push(OutboxEntry::new(self.next_seq, &t));
             self.next_seq += 1;
-            written.push(entry);
         }
-        let fsync = self.fsync;
-        let file = &mut self.file;
-        let mut write = || {
-            file.write_unwritten()?;
-            match fsync {
-                FsyncPolicy::Always => file.sync_data(),
-                _ => Ok(()),
-            }
-        };
-        if let Err(first) = write()
-            && !retry_until(health, deadline, first, write).await
-        {
+        if !self.file.write(&written, drain).await {
             // Past the deadline: the entries stay pending for this
             // consumer, and the queued lines are dropped with the process.
             return Err(format!("events file {}: not writable", path_of(&self.file)));
         }
-        crate::state::crash_point::reached("outbox.written");
+        crash_point::reached("outbox.written");
         let count = written.len() as u64;
         if let Some(publisher) = &self.publisher
             && !written.is_empty()
@@ -376,7 +350,7 @@ struct Backlog {
     lag: Option<usize>,
 }
 
-fn path_of(file: &AppendFile) -> String {
+fn path_of(file: &EventsWriter) -> String {
     file.path().display().to_string()
 }
 

@@ -6,7 +6,7 @@
 //! when the broker has acked every publish handed to the client since it
 //! last moved; until then the entries stay in `unconfirmed` and in the
 //! outbox (with the redis backend: in the events file after the cursor
-//! file's seq, see `state::shared::mqtt_cursor`), so a crash sends them
+//! file's seq, see `state::redis::mqtt_cursor`), so a crash sends them
 //! again (same `id`). The connection keeps
 //! its session, so across a reconnect the client retransmits what was not
 //! acked and the count of acks stays whole. A broker that lost the session
@@ -20,15 +20,16 @@
 //! cannot hold up shutdown: what is unconfirmed or unsent then is sent
 //! again after the restart.
 
-use super::commit::Cursors;
-use super::crash_point;
+use super::Cursors;
 use super::outbox::OutboxEntry;
+use crate::crash_point;
+use crate::shutdown::Drain;
 use rumqttc::{AsyncClient, ClientError, Event, MqttOptions, NetworkOptions, Packet, QoS};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch};
+use std::time::Duration;
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 /// Unconfirmed publishes before the publisher waits for the broker;
@@ -58,7 +59,7 @@ pub struct Publisher {
     /// The last seq handed to the client (or skipped).
     sent_seq: u64,
     cursors: Arc<Cursors>,
-    deadline: watch::Receiver<Option<Instant>>,
+    drain: Drain,
     skipped: metrics::Counter,
     /// Set when an entry could not be sent (past the drain deadline, or the
     /// client stopped): nothing after it is sent either, so `sent_seq`
@@ -77,7 +78,7 @@ impl Publisher {
     pub fn spawn(
         (mut options, network): (MqttOptions, NetworkOptions),
         cursors: Arc<Cursors>,
-        deadline: watch::Receiver<Option<Instant>>,
+        drain: Drain,
         done: std::sync::mpsc::Sender<()>,
         backlog: Vec<OutboxEntry>,
     ) -> (JoinHandle<()>, mpsc::UnboundedSender<Vec<OutboxEntry>>) {
@@ -98,7 +99,7 @@ impl Publisher {
             confirmed_seq: cursor,
             sent_seq: cursor,
             cursors,
-            deadline,
+            drain,
             skipped: metrics::counter!("geogate_events_publish_skipped_total"),
             gave_up: false,
             _done: done,
@@ -191,7 +192,7 @@ impl Publisher {
             if self.unconfirmed.is_empty() {
                 return true;
             }
-            if self.deadline.borrow().is_some_and(|d| Instant::now() >= d) {
+            if self.drain.passed() {
                 return false;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;

@@ -10,11 +10,11 @@ use crate::geofence::probe::{ProbeScratch, probe, widest_band};
 use crate::geofence::{EvaluatorSettings, FenceIndex, FixOutcome};
 use crate::model::VehicleId;
 use crate::redis_link::RedisLink;
+use crate::shutdown::Drain;
 use geo::Coord;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::watch;
 
 /// What one batch came to.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -86,10 +86,7 @@ impl SharedApplier {
 
     /// Applies the batch; `None` if the drain deadline passed first (the
     /// batch's messages then stay unacked, for redelivery).
-    pub async fn apply(
-        &mut self,
-        deadline: &watch::Receiver<Option<Instant>>,
-    ) -> Option<BatchCounts> {
+    pub async fn apply(&mut self, drain: &Drain) -> Option<BatchCounts> {
         let mut groups: BTreeMap<u32, Vec<FixFacts>> = BTreeMap::new();
         for fix in self.batch.drain(..) {
             groups
@@ -151,15 +148,13 @@ impl SharedApplier {
             let Some(error) = failure else {
                 self.round_trip.record(started.elapsed().as_secs_f64());
                 self.backoff.reset();
-                crate::state::crash_point::reached("shared.applied");
+                crate::crash_point::reached("shared.applied");
                 return Some(counts);
             };
             self.errors.increment(1);
             tracing::warn!("shared state: {error}; the batch stays unacked and is retried");
             let wait = self.backoff.step();
-            if let Some(d) = *deadline.borrow()
-                && Instant::now() + wait >= d
-            {
+            if drain.would_pass(wait) {
                 return None;
             }
             tokio::time::sleep(wait).await;

@@ -4,34 +4,32 @@
 //!
 //! Order of effects, for each transaction (the exactly-once argument in
 //! ARCHITECTURE.md rests on it): vehicle records and outbox entries are
-//! committed together; only then are the entries handed to the relay,
-//! which acks the batches' messages once the events file has their lines.
-//! (Acking before the file would survive a crash just as well, the outbox
-//! holds the lines; waiting keeps "acked ⇒ in the file" true for readers
-//! of the file, and a broken events file pushes back on the broker instead
-//! of growing the outbox without bound.)
+//! committed together; only then are the entries handed to the relay
+//! ([`crate::delivery::relay`]), which completes the batches once the
+//! events file has their lines.
 
-use super::outbox::OutboxEntry;
-use super::{CommitBatch, Store, VehicleChange, crash_point};
-use crate::backoff::Backoff;
+use super::store::{CommitBatch, Store, VehicleChange};
+use crate::crash_point;
+use crate::delivery::Cursors;
+use crate::delivery::outbox::OutboxEntry;
+use crate::delivery::relay::Committed;
 use crate::geofence::Transition;
-use crate::metrics::SAMPLE_EVERY;
 use crate::model::VehicleId;
-use crate::pipeline::accounting::Accounting;
-use crate::source::{AckToken, Completions};
+use crate::shutdown::Drain;
+use crate::state::{Completion, Outcomes};
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 /// Batches waiting beyond this many are left for the next transaction, so
 /// that one transaction (and the acks behind it) stays short. Also how many
 /// the workers may queue for the committer before they wait (4 a shard
 /// past 16 shards): for a durable store, enough for every batch a spaced
 /// commit ([`COMMIT_SPACING`]) lets gather; for the memory store, see
-/// `state::stage`.
+/// [`super::LocalBackend`].
 pub const MAX_BATCHES_PER_COMMIT: usize = 64;
 
 /// A durable store's commit starts no sooner than this after the previous
@@ -90,104 +88,13 @@ impl LatestChanges {
     }
 }
 
-/// One worker batch: what it changed and what finishing it means.
+/// One shard's batch: what it changed, and the completion to tell once
+/// it is committed and in the events file.
 pub struct CommitRequest {
     pub vehicles: Vec<VehicleChange>,
     pub transitions: Vec<Transition>,
-    pub finished: Finished,
-}
-
-/// Counts for one shard, kept as metric handles (no lookups per batch).
-pub struct ShardCounters {
-    evaluated: metrics::Counter,
-    out_of_order: metrics::Counter,
-    duplicates: metrics::Counter,
-    /// `geogate_events_invalid_total{reason="duplicate"}`: a redelivery the
-    /// state recognised is refused as the dedup window's are.
-    invalid_duplicates: metrics::Counter,
-    latency: metrics::Histogram,
-    /// Messages finished so far, for the latency's sampling stride.
-    latency_seen: AtomicU64,
-    accounting: Arc<Accounting>,
-    completions: Completions,
-}
-
-impl ShardCounters {
-    pub fn new(shard: usize, accounting: Arc<Accounting>, completions: Completions) -> Self {
-        Self {
-            evaluated: metrics::counter!("geogate_events_evaluated_total", "shard" => shard.to_string()),
-            out_of_order: metrics::counter!("geogate_fixes_out_of_order_total"),
-            duplicates: metrics::counter!("geogate_duplicates_ignored_total", "by" => "state"),
-            invalid_duplicates: metrics::counter!("geogate_events_invalid_total", "reason" => "duplicate"),
-            latency: metrics::histogram!("geogate_end_to_end_latency_seconds"),
-            latency_seen: AtomicU64::new(0),
-            accounting,
-            completions,
-        }
-    }
-}
-
-/// A batch's messages, finished together once its effects are safe: each
-/// counted where the accounting line says, its latency recorded, its token
-/// acked. Dropped unfinished (shutdown before the commit), they stay
-/// unacked and `in_queue`, and come back after the restart.
-pub struct Finished {
-    pub counters: Arc<ShardCounters>,
-    pub messages: Vec<(Option<AckToken>, Instant)>,
-    pub evaluated: u64,
-    pub out_of_order: u64,
-    pub duplicates: u64,
-    pub transitions: u64,
-}
-
-impl Finished {
-    pub fn new(counters: Arc<ShardCounters>) -> Self {
-        Self {
-            counters,
-            messages: Vec::new(),
-            evaluated: 0,
-            out_of_order: 0,
-            duplicates: 0,
-            transitions: 0,
-        }
-    }
-
-    pub fn complete(self) {
-        let c = &self.counters;
-        c.accounting
-            .finished(self.evaluated, self.out_of_order, self.duplicates);
-        c.accounting.transitions(self.transitions);
-        c.evaluated.increment(self.evaluated);
-        c.out_of_order.increment(self.out_of_order);
-        c.duplicates.increment(self.duplicates);
-        c.invalid_duplicates.increment(self.duplicates);
-        // One clock read for the batch: its messages finish together.
-        let now = Instant::now();
-        let first = c
-            .latency_seen
-            .fetch_add(self.messages.len() as u64, Relaxed);
-        for (i, (token, received_at)) in self.messages.into_iter().enumerate() {
-            if (first + i as u64).is_multiple_of(SAMPLE_EVERY) {
-                c.latency
-                    .record(now.saturating_duration_since(received_at).as_secs_f64());
-            }
-            c.completions.done(token);
-        }
-    }
-}
-
-/// The relay's progress, read by each commit to prune the outbox.
-#[derive(Debug)]
-pub struct Cursors {
-    pub file: AtomicU64,
-    pub mqtt: AtomicU64,
-}
-
-/// Committed entries on their way to the relay, with the messages it
-/// finishes once it has written them.
-pub struct Committed {
-    pub entries: Vec<OutboxEntry>,
-    pub finished: Vec<Finished>,
+    pub outcomes: Outcomes,
+    pub done: Box<dyn Completion>,
 }
 
 pub struct Committer {
@@ -197,7 +104,7 @@ pub struct Committer {
     pub relay: mpsc::UnboundedSender<Committed>,
     /// Told when the relay has stopped, for the last prune.
     pub relay_done: std::sync::mpsc::Receiver<()>,
-    pub deadline: watch::Receiver<Option<Instant>>,
+    pub drain: Drain,
 }
 
 impl Committer {
@@ -251,7 +158,7 @@ impl Committer {
                     batch.outbox.push(OutboxEntry::new(self.next_seq, t));
                     self.next_seq += 1;
                 }
-                finished.push(request.finished);
+                finished.push((request.done, request.outcomes));
             }
             batch.next_seq = self.next_seq;
             batch.file_cursor = self.cursors.file.load(Relaxed);
@@ -263,8 +170,8 @@ impl Committer {
                 self.next_seq = first_seq;
                 gave_up = true;
                 tracing::error!(
-                    "state: {} message(s) left unacked at the drain deadline, after a commit that kept failing",
-                    finished.iter().map(|f| f.messages.len()).sum::<usize>()
+                    "state: {} batch(es) left unacked at the drain deadline, after a commit that kept failing",
+                    finished.len()
                 );
                 continue;
             }
@@ -273,7 +180,11 @@ impl Committer {
             crash_point::reached("commit.after");
             let _ = self.relay.send(Committed {
                 entries: batch.outbox,
-                finished,
+                then: Box::new(move || {
+                    for (done, outcomes) in finished {
+                        done.complete(outcomes);
+                    }
+                }),
             });
             if last_size_check.elapsed() >= Duration::from_secs(1) {
                 size.set(self.store.size_bytes() as f64);
@@ -288,13 +199,13 @@ impl Committer {
             cursors,
             relay,
             relay_done,
-            deadline,
+            drain,
         } = self;
         drop(relay);
         // The relay and publisher stop by the drain deadline; a little
         // beyond it, stop waiting for them.
-        let wait = deadline.borrow().map_or(Duration::from_secs(30), |d| {
-            d.saturating_duration_since(Instant::now()) + Duration::from_secs(5)
+        let wait = drain.remaining().map_or(Duration::from_secs(30), |left| {
+            left + Duration::from_secs(5)
         });
         let _ = relay_done.recv_timeout(wait);
         let last = CommitBatch {
@@ -317,35 +228,27 @@ impl Committer {
         failures: &metrics::Counter,
         healthy: &metrics::Gauge,
     ) -> bool {
-        let mut backoff = Backoff::new();
-        let mut attempt = 0u64;
-        loop {
-            match self.store.commit(batch) {
-                Ok(()) => {
-                    if attempt > 0 {
-                        tracing::info!("state: committing again after {attempt} failed attempts");
-                        healthy.set(1.0);
-                    }
-                    return true;
+        let store = &mut self.store;
+        let attempts = self.drain.retry_blocking(
+            || store.commit(batch),
+            |e, attempt, wait| {
+                failures.increment(1);
+                healthy.set(0.0);
+                if attempt % 10 == 1 {
+                    tracing::error!(
+                        "{e}; the batch's messages stay unacked; attempt {attempt} failed, retrying in {wait:?}"
+                    );
                 }
-                Err(e) => {
-                    attempt += 1;
-                    failures.increment(1);
-                    healthy.set(0.0);
-                    let wait = backoff.step();
-                    if attempt % 10 == 1 {
-                        tracing::error!(
-                            "{e}; the batch's messages stay unacked; attempt {attempt} failed, retrying in {wait:?}"
-                        );
-                    }
-                    if let Some(at) = *self.deadline.borrow()
-                        && Instant::now() + wait >= at
-                    {
-                        return false;
-                    }
-                    std::thread::sleep(wait);
-                }
+            },
+        );
+        match attempts {
+            Ok(0) => true,
+            Ok(failed) => {
+                tracing::info!("state: committing again after {failed} failed attempts");
+                healthy.set(1.0);
+                true
             }
+            Err(_) => false,
         }
     }
 }

@@ -8,15 +8,17 @@ use super::fence_sets::FenceSets;
 use super::mqtt_cursor::MqttCursor;
 use super::{SharedRules, SharedStateError};
 use crate::config::StateConfig;
+use crate::delivery::Cursors;
+use crate::delivery::events_file;
+use crate::delivery::publisher::Publisher;
+use crate::delivery::writer::EventsWriter;
 use crate::geofence::{EvaluatorSettings, FenceIndex};
 use crate::redis_link::RedisLink;
-use crate::sink::append_file::AppendFile;
-use crate::state::commit::Cursors;
-use crate::state::publisher::Publisher;
-use crate::state::{StateError, events_file};
+use crate::shutdown::Drain;
+use crate::state::StateError;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -39,7 +41,7 @@ impl SharedStage {
         consumer_name: &str,
         events_connection: Option<(rumqttc::MqttOptions, rumqttc::NetworkOptions)>,
         fence_set: watch::Receiver<String>,
-        deadline: watch::Receiver<Option<Instant>>,
+        drain: Drain,
     ) -> Result<Self, StateError> {
         let shared = |e: SharedStateError| StateError::Shared(e.to_string());
         let timeout = Duration::from_millis(config.timeout_ms);
@@ -75,9 +77,15 @@ impl SharedStage {
         let tail = events_file::read(events).map_err(events_error)?;
         events_file::cut_torn(events, &tail).map_err(events_error)?;
         let recent = events_file::recent_ids(events, RECENT_LINES).map_err(events_error)?;
-        let file = AppendFile::open(events).map_err(events_error)?;
-        let (stop, stop_rx) = watch::channel(false);
         let next_seq = tail.last_seq.unwrap_or(0) + 1;
+        let file = EventsWriter::open(
+            events,
+            config.fsync,
+            next_seq - 1,
+            "its transitions stay in the outbox",
+        )
+        .map_err(events_error)?;
+        let (stop, stop_rx) = watch::channel(false);
         let (publisher, mqtt) = match events_connection {
             Some(connection) => {
                 let cursor = MqttCursor::beside(events);
@@ -99,7 +107,7 @@ impl SharedStage {
                 // awaits its task instead.
                 let (done, _) = std::sync::mpsc::channel();
                 let (task, tx) =
-                    Publisher::spawn(connection, cursors.clone(), deadline.clone(), done, backlog);
+                    Publisher::spawn(connection, cursors.clone(), drain.clone(), done, backlog);
                 let (keeper_stop, keeper_stop_rx) = watch::channel(false);
                 let keeper = tokio::spawn(cursor.keep(confirmed, cursors, keeper_stop_rx));
                 (Some(tx), Some((task, keeper, keeper_stop)))
@@ -117,7 +125,6 @@ impl SharedStage {
             partitions: config.partitions,
             me: consumer_name.to_owned(),
             file,
-            fsync: config.fsync,
             next_seq,
             recent,
             claim_idle: Duration::from_secs_f64(config.claim_idle_s),
@@ -138,7 +145,7 @@ impl SharedStage {
         );
         Ok(Self {
             rules,
-            consumer: tokio::spawn(consumer.run(stop_rx, deadline)),
+            consumer: tokio::spawn(consumer.run(stop_rx, drain)),
             link,
             stop,
             mqtt,

@@ -82,10 +82,7 @@ pub fn recent_ids(path: &Path, n: usize) -> io::Result<std::collections::HashSet
 /// publisher that had confirmed up to `after` still has to send. Read from
 /// the end back to the first line at or before `after`, so the cost is what
 /// is left to send.
-pub fn entries_after(
-    path: &Path,
-    after: u64,
-) -> io::Result<Vec<crate::state::outbox::OutboxEntry>> {
+pub fn entries_after(path: &Path, after: u64) -> io::Result<Vec<super::outbox::OutboxEntry>> {
     #[derive(serde::Deserialize)]
     struct Head<'a> {
         seq: u64,
@@ -98,7 +95,7 @@ pub fn entries_after(
         match serde_json::from_slice::<Head>(line) {
             Ok(head) if head.seq <= after => false,
             Ok(head) => {
-                entries.push(crate::state::outbox::OutboxEntry {
+                entries.push(super::outbox::OutboxEntry {
                     seq: head.seq,
                     vehicle: head.vehicle.as_ref().into(),
                     line: line.to_vec(),

@@ -10,14 +10,18 @@
 //! `locking_mode=EXCLUSIVE` takes the file's lock at open and holds it, so
 //! a second geogate pointed at the same file fails at start, by name.
 
-use super::crash_point;
-use super::log_writeback::LogWriteback;
-use super::outbox::OutboxEntry;
-use super::outbox_rows::{self, OutboxRowError};
-use super::record;
-use super::{CommitBatch, Recovered, StateError, Store};
+pub mod log_writeback;
+pub mod outbox_rows;
+
+use super::StateError;
+use super::local::record;
+use super::local::store::{CommitBatch, Opened, Recovered, Store, read_tail};
 use crate::config::{FsyncPolicy, StateConfig};
+use crate::crash_point;
+use crate::delivery::outbox::OutboxEntry;
 use crate::model::VehicleId;
+use log_writeback::LogWriteback;
+use outbox_rows::OutboxRowError;
 use rusqlite::types::ValueRef;
 use rusqlite::{
     Connection, ErrorCode, OpenFlags, OptionalExtension, Transaction, TransactionBehavior, params,
@@ -40,6 +44,56 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) W
 /// creating an empty `outbox` beside this one and never delivering what
 /// `outbox_commit` holds.
 const OLD_READERS_REFUSED: &str = "CREATE VIEW outbox AS SELECT 2 AS schema_version";
+
+/// Opens the store at `config.path`, checked against the events file so
+/// that a lost or stale state file is an error rather than a silent reset.
+pub fn open(config: &StateConfig, events: Option<&Path>) -> Result<Opened, StateError> {
+    let tail = read_tail(events)?;
+    let path = &config.path;
+    if !config.reset
+        && !path.exists()
+        && tail.has_lines
+        && let Some(events) = events
+    {
+        return Err(StateError::Missing {
+            path: path.clone(),
+            events: events.to_owned(),
+            last_seq: tail.last_seq,
+        });
+    }
+    let (store, mut recovered) = EmbeddedStore::open(path, config)?;
+    let store_seq = recovered.next_seq.saturating_sub(1);
+    if tail.has_lines
+        && tail.last_seq.is_none()
+        && store_seq > 0
+        && let Some(events) = events
+    {
+        // Transitions were written, yet no line says which: the relay
+        // cannot tell where to go on without repeating.
+        return Err(StateError::EventsWithoutSeq {
+            path: events.to_owned(),
+            store_seq,
+        });
+    }
+    let file_seq = tail.last_seq.unwrap_or(0);
+    if file_seq > store_seq {
+        if !recovered.created {
+            return Err(StateError::Behind {
+                path: path.clone(),
+                store_seq,
+                events: events.map(Path::to_owned).unwrap_or_default(),
+                file_seq,
+            });
+        }
+        // A reset: keep numbering after the file's last line.
+        recovered.next_seq = file_seq + 1;
+    }
+    Ok(Opened {
+        store: Box::new(store),
+        recovered,
+        tail,
+    })
+}
 
 pub struct EmbeddedStore {
     path: PathBuf,

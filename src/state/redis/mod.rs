@@ -11,6 +11,7 @@
 //! slot and one script can touch both.
 
 mod applier;
+mod backend;
 mod consumer;
 pub mod fence_sets;
 mod mqtt_cursor;
@@ -18,6 +19,7 @@ mod script;
 mod stage;
 
 pub use applier::{BatchCounts, SharedApplier};
+pub use backend::RedisBackend;
 pub use script::{Applied, SharedRules, SharedStateError};
 pub use stage::SharedStage;
 

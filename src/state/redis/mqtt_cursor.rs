@@ -10,7 +10,7 @@
 //! Redis, and a crash costs at most a resend: at start everything in the
 //! file after the cursor is published again (same `id`).
 
-use crate::state::commit::Cursors;
+use crate::delivery::Cursors;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -8,33 +8,11 @@
 //! heard from within `claim_idle_s` (alert `GeogateFenceSetsDiffer`).
 
 use crate::redis_link::RedisLink;
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::sync::watch;
 
 const SCRIPT: &str = include_str!("fence_sets.lua");
-
-/// 16 hex digits of SHA-256 over the fence file's text and the settings
-/// that change the rules' answers.
-pub fn fingerprint(fence_text: &str, settings: &crate::geofence::EvaluatorSettings) -> String {
-    let mut h = Sha256::new();
-    h.update(fence_text.as_bytes());
-    h.update(
-        format!(
-            "|{}|{}|{}|{}",
-            settings.hysteresis_m,
-            settings.dwell_s,
-            settings.max_memberships,
-            settings.idle_expiry_ms
-        )
-        .as_bytes(),
-    );
-    h.finalize()[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 pub struct FenceSets {
     key: String,

@@ -59,7 +59,7 @@ pub fn decode(bytes: &[u8]) -> Result<VehicleSnapshot, RecordError> {
     })
 }
 
-pub(super) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -67,28 +67,28 @@ pub(super) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-pub(super) fn put_str(out: &mut Vec<u8>, s: &str) {
+pub(crate) fn put_str(out: &mut Vec<u8>, s: &str) {
     put_varint(out, s.len() as u64);
     out.extend_from_slice(s.as_bytes());
 }
 
 /// Reads what the `put_` functions wrote, every length checked.
-pub(super) struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
 }
 
 impl<'a> Reader<'a> {
-    pub(super) fn new(bytes: &'a [u8]) -> Self {
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
         Self { bytes, at: 0 }
     }
 
     /// Bytes read so far.
-    pub(super) fn at(&self) -> usize {
+    pub(crate) fn at(&self) -> usize {
         self.at
     }
 
-    pub(super) fn take(&mut self, n: usize) -> Result<&[u8], RecordError> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&[u8], RecordError> {
         let end = self
             .at
             .checked_add(n)
@@ -123,7 +123,7 @@ impl<'a> Reader<'a> {
 
     /// A count, bounded by the bytes left so that a corrupt length cannot
     /// ask for a huge allocation.
-    pub(super) fn count(&mut self) -> Result<usize, RecordError> {
+    pub(crate) fn count(&mut self) -> Result<usize, RecordError> {
         let n = self.varint()?;
         if n > (self.bytes.len() - self.at) as u64 {
             return Err(RecordError::Truncated(self.bytes.len()));

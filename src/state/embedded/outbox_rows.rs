@@ -14,9 +14,9 @@
 //! length + line. A run longer than [`MAX_ENTRIES_PER_ROW`] (a version 1
 //! outbox moved over after a long broker outage) takes several rows.
 
-use super::outbox::OutboxEntry;
-use super::record::{Reader, put_str, put_varint};
+use crate::delivery::outbox::OutboxEntry;
 use crate::model::VehicleId;
+use crate::state::local::record::{Reader, put_str, put_varint};
 
 /// Keeps a row far below SQLite's largest value (1 GB) and the memory one
 /// row needs small, whatever the outbox holds.

@@ -1,0 +1,91 @@
+//! The local backends' way out: committed batches in commit order to the
+//! events file ([`EventsWriter`]), then each batch's completion, then the
+//! publisher ([`super::publisher`]).
+//!
+//! * **File: exactly once.** Lines are written in seq order and skipped at
+//!   or below the file's last seq, which is read from the file itself at
+//!   start ([`super::events_file`]): a crash between a write and its cursor
+//!   cannot write a line twice, and one mid-write cannot skip one.
+//! * **MQTT: at least once.** The publisher's cursor moves only when the
+//!   broker has acked every publish so far; after a crash everything past
+//!   it is sent again, with the same `id`. Publishing runs apart from the
+//!   file so a broker outage never holds up the file, or the acks that wait
+//!   for it.
+//!
+//! Completions wait for the file: acking before it would survive a crash
+//! just as well (the outbox holds the lines), but waiting keeps "acked ⇒
+//! in the file" true for readers of the file, and a broken events file
+//! pushes back on the broker instead of growing the outbox without bound.
+
+use super::Cursors;
+use super::outbox::OutboxEntry;
+use super::writer::EventsWriter;
+use crate::crash_point;
+use crate::shutdown::Drain;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use tokio::sync::mpsc;
+
+/// One commit's entries, and what to run once the file holds them.
+pub struct Committed {
+    pub entries: Vec<OutboxEntry>,
+    pub then: Box<dyn FnOnce() + Send>,
+}
+
+/// Appends committed transitions to the events file.
+pub struct Relay {
+    pub file: Option<EventsWriter>,
+    pub cursors: Arc<Cursors>,
+    pub publisher: Option<mpsc::UnboundedSender<Vec<OutboxEntry>>>,
+    pub drain: Drain,
+    /// Dropped when the relay stops: the committer waits for that.
+    pub done: std::sync::mpsc::Sender<()>,
+}
+
+impl Relay {
+    /// Writes the recovered backlog, then each committed batch, until the
+    /// committer hangs up.
+    pub async fn run(
+        mut self,
+        backlog: Vec<OutboxEntry>,
+        mut rx: mpsc::UnboundedReceiver<Committed>,
+    ) {
+        self.deliver(backlog, None).await;
+        while let Some(committed) = rx.recv().await {
+            if !self.deliver(committed.entries, Some(committed.then)).await {
+                // The drain deadline passed with the file still failing:
+                // later batches' messages stay unacked too.
+                break;
+            }
+        }
+        if let Some(file) = &mut self.file
+            && let Err(e) = file.sync()
+        {
+            tracing::error!("events file {}: {e}", file.path().display());
+        }
+    }
+
+    async fn deliver(
+        &mut self,
+        entries: Vec<OutboxEntry>,
+        then: Option<Box<dyn FnOnce() + Send>>,
+    ) -> bool {
+        if let Some(file) = &mut self.file {
+            let before = file.last_seq();
+            if !file.write(&entries, &mut self.drain).await {
+                return false;
+            }
+            if file.last_seq() > before {
+                crash_point::reached("relay.before_cursor");
+                self.cursors.file.store(file.last_seq(), Relaxed);
+            }
+        }
+        if let Some(then) = then {
+            then();
+        }
+        if let Some(publisher) = &self.publisher {
+            let _ = publisher.send(entries);
+        }
+        true
+    }
+}

@@ -1,0 +1,204 @@
+//! The local backends' common half: the memberships live in this process,
+//! one [`Evaluator`] per shard ([`shard`]); a committer thread ([`commit`])
+//! writes each group of batches to a [`store::Store`] (memory or
+//! embedded), then hands their transitions to [`crate::delivery`], which
+//! completes the batches once the events file holds them.
+//!
+//! * [`store`]: what a store commits and gives back at start;
+//! * [`record`]: a vehicle's state as the store's bytes;
+//! * [`shard`]: one shard's evaluator behind the seam;
+//! * [`commit`]: the one thread that commits every shard's batches.
+
+pub mod commit;
+pub mod record;
+pub mod shard;
+pub mod store;
+
+use super::{Backend, BoxFuture, OpenContext, ShardState, StateError};
+use crate::config::StateConfig;
+use crate::delivery::publisher::Publisher;
+use crate::delivery::relay::Relay;
+use crate::delivery::writer::EventsWriter;
+use crate::delivery::{Cursors, events_file};
+use crate::geofence::{Evaluator, EvaluatorSettings, FenceIndex, VehicleSnapshot};
+use crate::model::VehicleId;
+use commit::{CommitRequest, Committer, MAX_BATCHES_PER_COMMIT};
+use shard::LocalShard;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use store::Opened;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+pub struct LocalBackend {
+    /// Where shards send their batches.
+    commits: mpsc::Sender<CommitRequest>,
+    durable: bool,
+    settings: EvaluatorSettings,
+    per_fence_labels: bool,
+    /// Committed vehicle state, until the pipeline takes it.
+    restored: Vec<(VehicleId, VehicleSnapshot)>,
+    committer: JoinHandle<()>,
+    relay: JoinHandle<()>,
+    publisher: Option<JoinHandle<()>>,
+}
+
+impl LocalBackend {
+    /// Starts the committer, relay and publisher on an opened store. The
+    /// events file is cut back to its last whole line here, now that the
+    /// store's lock is held.
+    pub fn start(
+        opened: Opened,
+        config: &StateConfig,
+        ctx: OpenContext,
+    ) -> Result<Self, StateError> {
+        let file_seq = opened.file_seq();
+        let Opened {
+            store,
+            recovered,
+            tail,
+        } = opened;
+        let events_error = |path: &std::path::Path, source| StateError::EventsFile {
+            path: path.to_owned(),
+            source,
+        };
+        let events = ctx.events.as_deref();
+        if tail.torn_bytes > 0
+            && let Some(path) = events
+        {
+            events_file::cut_torn(path, &tail).map_err(|e| events_error(path, e))?;
+            tracing::warn!(
+                "events file {}: removed a torn last line ({} bytes) left by a crash mid-write; its transition is written again (from the outbox, or from its redelivered message)",
+                path.display(),
+                tail.torn_bytes
+            );
+        }
+        let durable = store.durable();
+        if durable {
+            tracing::info!(
+                vehicles = recovered.vehicles.len(),
+                outbox = recovered.outbox.len(),
+                "state {} opened{}",
+                config.path.display(),
+                if recovered.created { " (new)" } else { "" }
+            );
+        }
+        // A destination that is not configured never holds the outbox back.
+        let cursors = Arc::new(Cursors {
+            file: AtomicU64::new(events.map_or(u64::MAX, |_| file_seq)),
+            mqtt: AtomicU64::new(
+                // Stored as "all" while no broker was configured: one
+                // configured since then starts after what is committed,
+                // not after everything that will ever be.
+                ctx.events_connection.as_ref().map_or(u64::MAX, |_| {
+                    recovered
+                        .mqtt_cursor
+                        .min(recovered.next_seq.saturating_sub(1))
+                }),
+            ),
+        });
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        // The file first: if it cannot be opened, nothing has been started.
+        let file = match events {
+            Some(path) => Some(
+                EventsWriter::open(path, config.fsync, file_seq, "its message stays unacked")
+                    .map_err(|e| events_error(path, e))?,
+            ),
+            None => None,
+        };
+        let (publisher, to_publisher) = match ctx.events_connection {
+            Some(connection) => {
+                let (publisher, tx) = Publisher::spawn(
+                    connection,
+                    cursors.clone(),
+                    ctx.drain.clone(),
+                    done_tx.clone(),
+                    recovered.outbox.clone(),
+                );
+                (Some(publisher), Some(tx))
+            }
+            None => (None, None),
+        };
+        let (committed_tx, committed_rx) = mpsc::unbounded_channel();
+        let relay = Relay {
+            file,
+            cursors: cursors.clone(),
+            publisher: to_publisher,
+            drain: ctx.drain.clone(),
+            done: done_tx,
+        };
+        let relay = tokio::spawn(relay.run(recovered.outbox, committed_rx));
+        // Room for what a spaced commit gathers, and the same for the
+        // memory store: with `pipeline.sched_batch` (the default) the
+        // committer's thread, woken, waits for a core instead of preempting,
+        // and with a shorter queue the workers kept filling it, parking and
+        // being woken again (BENCHMARKS.md, "A longer commit queue").
+        let (commits, commits_rx) = mpsc::channel(MAX_BATCHES_PER_COMMIT.max(ctx.shards * 4));
+        let committer = Committer {
+            store,
+            next_seq: recovered.next_seq,
+            cursors,
+            relay: committed_tx,
+            relay_done: done_rx,
+            drain: ctx.drain,
+        };
+        let committer = tokio::task::spawn_blocking(move || committer.run(commits_rx));
+        Ok(Self {
+            commits,
+            durable,
+            settings: ctx.settings,
+            per_fence_labels: ctx.per_fence_labels,
+            restored: recovered.vehicles,
+            committer,
+            relay,
+            publisher,
+        })
+    }
+}
+
+impl Backend for LocalBackend {
+    fn take_restored(&mut self) -> Vec<(VehicleId, VehicleSnapshot)> {
+        std::mem::take(&mut self.restored)
+    }
+
+    fn shard(
+        &mut self,
+        _shard: usize,
+        index: Arc<FenceIndex>,
+        restored: Vec<(VehicleId, VehicleSnapshot)>,
+    ) -> Box<dyn ShardState> {
+        let mut evaluator = Evaluator::new(index, self.settings);
+        if self.durable {
+            evaluator = evaluator.tracking_changes();
+        }
+        for (vehicle, snapshot) in restored {
+            evaluator.restore(vehicle, &snapshot);
+        }
+        Box::new(LocalShard::new(
+            evaluator,
+            self.commits.clone(),
+            self.durable,
+            self.per_fence_labels,
+        ))
+    }
+
+    /// The committer ends once the last shard has dropped its sender, then
+    /// waits for the relay and the publisher.
+    fn finish(self: Box<Self>) -> BoxFuture<'static, ()> {
+        let Self {
+            commits,
+            committer,
+            relay,
+            publisher,
+            ..
+        } = *self;
+        drop(commits);
+        Box::pin(async move {
+            let _ = committer.await;
+            let _ = relay.await;
+            if let Some(publisher) = publisher {
+                let _ = publisher.await;
+            }
+        })
+    }
+}

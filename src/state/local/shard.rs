@@ -1,0 +1,157 @@
+//! One shard's vehicles in this process: each batch's fixes go through
+//! the shard's [`Evaluator`] (memberships, dwell, hysteresis), and what
+//! changed goes to the committer with the transitions it produced.
+
+use super::commit::CommitRequest;
+use super::record;
+use crate::geofence::{Evaluator, Fix, FixOutcome, VehicleSnapshot};
+use crate::metrics::SAMPLE_EVERY;
+use crate::model::VehicleId;
+use crate::state::{Batch, BoxFuture, Completion, Outcomes, ShardState, Stopped};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+pub struct LocalShard {
+    evaluator: Evaluator,
+    commits: mpsc::Sender<CommitRequest>,
+    /// Whether changed vehicles are encoded for the store.
+    durable: bool,
+    per_fence_labels: bool,
+    eval_time: metrics::Histogram,
+    /// Evaluations so far, for the sampling stride of `eval_time`.
+    evaluations: u64,
+    /// The evaluator's overflow count already reported.
+    overflow_seen: u64,
+    changed: Vec<(VehicleId, Option<VehicleSnapshot>)>,
+}
+
+impl LocalShard {
+    pub fn new(
+        evaluator: Evaluator,
+        commits: mpsc::Sender<CommitRequest>,
+        durable: bool,
+        per_fence_labels: bool,
+    ) -> Self {
+        Self {
+            evaluator,
+            commits,
+            durable,
+            per_fence_labels,
+            eval_time: metrics::histogram!("geogate_evaluation_duration_seconds"),
+            evaluations: 0,
+            overflow_seen: 0,
+            changed: Vec::new(),
+        }
+    }
+
+    /// Evaluates the batch's fixes in order; returns what they came to and
+    /// the transitions they produced.
+    fn evaluate(&mut self, fixes: &[Fix<'_>]) -> (Outcomes, Vec<crate::geofence::Transition>) {
+        let mut outcomes = Outcomes::default();
+        let mut transitions = Vec::new();
+        // `Some` when the batch's fences were looked up together.
+        let lookup_share = self.cover_if_large(fixes);
+        for (i, fix) in fixes.iter().enumerate() {
+            let before = transitions.len();
+            let timed = self
+                .evaluations
+                .is_multiple_of(SAMPLE_EVERY)
+                .then(Instant::now);
+            self.evaluations += 1;
+            let outcome = if lookup_share.is_some() {
+                self.evaluator.evaluate_covered(i, *fix, &mut transitions)
+            } else {
+                self.evaluator.evaluate_fix(*fix, &mut transitions)
+            };
+            if let Some(started) = timed {
+                let share = lookup_share.unwrap_or_default();
+                self.eval_time
+                    .record((started.elapsed() + share).as_secs_f64());
+            }
+            for t in &transitions[before..] {
+                match t.event {
+                    crate::geofence::TransitionKind::Enter => outcomes.enters += 1,
+                    crate::geofence::TransitionKind::Exit => outcomes.exits += 1,
+                }
+                if self.per_fence_labels {
+                    metrics::counter!("geogate_fence_transitions_by_fence_total", "fence" => t.fence.to_string(), "kind" => t.event.as_str()).increment(1);
+                }
+            }
+            match outcome {
+                FixOutcome::Applied => outcomes.evaluated += 1,
+                FixOutcome::OutOfOrder => outcomes.out_of_order += 1,
+                FixOutcome::Duplicate => outcomes.duplicates += 1,
+            }
+        }
+        let overflowed = self.evaluator.stats().membership_overflow;
+        outcomes.overflows = overflowed - self.overflow_seen;
+        self.overflow_seen = overflowed;
+        (outcomes, transitions)
+    }
+
+    /// Looks up the batch's fences together when that pays: an index past
+    /// the cache ([`crate::geofence::FenceIndex::prefers_batches`]) and
+    /// more than one fix to overlap (a paced worker hands one at a time).
+    /// Returns each fix's share of the lookup's time, for the sampled
+    /// evaluation times (zero when none of the batch's fixes will be
+    /// sampled, so the clock is not read), or `None` when the fixes are to
+    /// be looked up one by one.
+    fn cover_if_large(&mut self, fixes: &[Fix<'_>]) -> Option<Duration> {
+        if fixes.len() < 2 || !self.evaluator.index().prefers_batches() {
+            return None;
+        }
+        let n = fixes.len() as u64;
+        let sampled = self.evaluations.next_multiple_of(SAMPLE_EVERY) < self.evaluations + n;
+        let started = sampled.then(Instant::now);
+        self.evaluator.cover_batch(fixes.iter().copied());
+        Some(started.map_or(Duration::ZERO, |started| {
+            started.elapsed().div_f64(n as f64)
+        }))
+    }
+
+    /// The vehicles the batch changed, encoded for a durable store.
+    fn changed_records(&mut self) -> Vec<super::store::VehicleChange> {
+        self.evaluator.take_changed(&mut self.changed);
+        self.changed
+            .drain(..)
+            .map(|(id, snapshot)| {
+                let bytes = snapshot.map(|s| {
+                    let mut bytes = Vec::with_capacity(32);
+                    record::encode(&s, &mut bytes);
+                    bytes
+                });
+                (id, bytes)
+            })
+            .collect()
+    }
+}
+
+impl ShardState for LocalShard {
+    fn apply<'a>(
+        &'a mut self,
+        batch: Batch<'a>,
+        done: Box<dyn Completion>,
+    ) -> BoxFuture<'a, Result<(), Stopped>> {
+        if let Some(index) = batch.fences {
+            self.evaluator.swap_index(index);
+        }
+        if batch.fixes.is_empty() {
+            // A tick alone: nothing to commit.
+            done.complete(Outcomes::default());
+            return Box::pin(async { Ok(()) });
+        }
+        let (outcomes, transitions) = self.evaluate(batch.fixes);
+        let vehicles = if self.durable {
+            self.changed_records()
+        } else {
+            Vec::new()
+        };
+        let request = CommitRequest {
+            vehicles,
+            transitions,
+            outcomes,
+            done,
+        };
+        Box::pin(async move { self.commits.send(request).await.map_err(|_| Stopped) })
+    }
+}

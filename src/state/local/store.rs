@@ -1,0 +1,88 @@
+//! Where the local backends make a group of batches durable: a [`Store`]
+//! commits vehicle records and outbox entries in one transaction, and
+//! gives back everything committed at start.
+
+use crate::delivery::events_file::{self, Tail};
+use crate::delivery::outbox::OutboxEntry;
+use crate::geofence::VehicleSnapshot;
+use crate::model::VehicleId;
+use crate::state::StateError;
+use std::path::Path;
+
+/// One vehicle's new state, encoded by [`super::record::encode`]; `None`
+/// deletes it (idle expiry).
+pub type VehicleChange = (VehicleId, Option<Vec<u8>>);
+
+/// What one transaction writes.
+#[derive(Debug, Default)]
+pub struct CommitBatch {
+    pub vehicles: Vec<VehicleChange>,
+    pub outbox: Vec<OutboxEntry>,
+    /// The seq the next transition will get.
+    pub next_seq: u64,
+    /// The outputs' progress: outbox entries at or below both are gone.
+    pub file_cursor: u64,
+    pub mqtt_cursor: u64,
+}
+
+impl CommitBatch {
+    /// Vehicle records only, before any transition (loading a store).
+    pub fn vehicles_only(vehicles: Vec<VehicleChange>) -> Self {
+        Self {
+            vehicles,
+            next_seq: 1,
+            ..Self::default()
+        }
+    }
+}
+
+/// Everything committed, read back at start.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    pub vehicles: Vec<(VehicleId, VehicleSnapshot)>,
+    /// Committed transitions, in seq order, from the first row the relay
+    /// and the publisher had not both confirmed: a row may still hold
+    /// entries at or below their cursors, which each skips.
+    pub outbox: Vec<OutboxEntry>,
+    pub next_seq: u64,
+    pub mqtt_cursor: u64,
+    /// The store was created by this start (first run or reset).
+    pub created: bool,
+}
+
+/// What the memory and embedded stores have in common.
+pub trait Store: Send {
+    /// Commits the batch atomically: all of it or none of it survives a
+    /// crash.
+    fn commit(&mut self, batch: &CommitBatch) -> Result<(), StateError>;
+    /// Bytes the store occupies now (file and log).
+    fn size_bytes(&self) -> u64;
+    /// Whether a commit survives a process crash (and so whether the
+    /// shards need to track which vehicles changed).
+    fn durable(&self) -> bool;
+}
+
+/// An opened store, what it held, and what the events file's tail says.
+pub struct Opened {
+    pub store: Box<dyn Store>,
+    pub recovered: Recovered,
+    pub tail: Tail,
+}
+
+impl Opened {
+    /// Seq of the events file's last line (0: none).
+    pub fn file_seq(&self) -> u64 {
+        self.tail.last_seq.unwrap_or(0)
+    }
+}
+
+/// Reads the events file's tail (an empty tail when there is no file).
+pub fn read_tail(events: Option<&Path>) -> Result<Tail, StateError> {
+    match events {
+        Some(path) => events_file::read(path).map_err(|source| StateError::EventsFile {
+            path: path.to_owned(),
+            source,
+        }),
+        None => Ok(Tail::default()),
+    }
+}
