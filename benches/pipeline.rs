@@ -126,14 +126,15 @@ impl Pipeline {
             redis.cli(&["FLUSHALL"]);
             urls.push(format!("redis://127.0.0.1:{}", redis.port));
         }
-        StateConfig {
+        let mut config = StateConfig {
             backend,
-            path: self.dir.path().join("state.sqlite"),
             fsync,
             reset: true,
-            urls,
             ..StateConfig::default()
-        }
+        };
+        config.embedded.path = self.dir.path().join("state.sqlite");
+        config.redis.urls = urls;
+        config
     }
 
     /// A shard's input as the bench builds it: the default watermark and a
@@ -200,7 +201,7 @@ impl Pipeline {
         }
     }
 
-    /// The state backend `state` configures, as `pipeline::run` opens it.
+    /// The state backend `state` configures, as `service::run` opens it.
     async fn backend(
         &self,
         state: &StateConfig,
@@ -437,13 +438,13 @@ impl Pipeline {
             inputs.push(Self::shard_input(shard, tx, capacity, gating));
             workers.push(self.spawn_worker(backend.as_mut(), shard, rx, &run));
         }
-        // Built before the lanes start, as `pipeline::run` builds it: built
+        // Built before the lanes start, as `service::run` builds it: built
         // after, the lanes got a head start, decoding while the dead letter
         // was opened, which the live pipeline never gets (BENCHMARKS.md,
         // "The dead letter's start and writes").
         let router = self.router(inputs, &run);
         let decoded = geogate::pipeline::decode::start(intake, CodecSettings::default());
-        // Started as `pipeline::run` starts it, on its own thread.
+        // Started as `service::run` starts it, on its own thread.
         let routing = Instant::now();
         let _ = router.spawn(decoded).await;
         for w in workers {

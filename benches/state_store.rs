@@ -17,6 +17,7 @@ use geogate::config::{FsyncPolicy, StateBackend, StateConfig};
 use geogate::delivery::outbox::OutboxEntry;
 use geogate::geofence::{Transition, TransitionKind, VehicleSnapshot};
 use geogate::model::VehicleId;
+use geogate::state::embedded::EmbeddedConfig;
 use geogate::state::embedded::EmbeddedStore;
 use geogate::state::local::record;
 use geogate::state::local::store::{CommitBatch, Store};
@@ -147,12 +148,14 @@ fn stores(c: &mut Criterion) {
     ] {
         let config = StateConfig {
             backend: StateBackend::Embedded,
-            path: dir.path().join(format!("{name}.sqlite")),
+            embedded: EmbeddedConfig {
+                path: dir.path().join(format!("{name}.sqlite")),
+            },
             fsync,
             reset: true,
             ..StateConfig::default()
         };
-        let (store, _) = EmbeddedStore::open(&config.path, &config).expect("sqlite");
+        let (store, _) = EmbeddedStore::open(&config.embedded.path, &config).expect("sqlite");
         contenders.push((name, Box::new(store)));
     }
     for (name, durability) in [

@@ -3,8 +3,23 @@
 //! 127.0.0.1 only. It suits single-node and demo use; production should
 //! point geogate at mosquitto or EMQX, which persist sessions to disk.
 
+use serde::{Deserialize, Serialize};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
+
+/// `[embedded_broker]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EmbeddedBrokerConfig {
+    /// Port for `--embedded-broker`, always on 127.0.0.1.
+    pub port: u16,
+}
+
+impl Default for EmbeddedBrokerConfig {
+    fn default() -> Self {
+        Self { port: 1883 }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {

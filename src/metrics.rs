@@ -2,8 +2,10 @@
 //! Prometheus conventions (`_total` counters, base units) and carry only
 //! bounded labels: shard, priority, reason, gate, kind.
 
+use crate::problems::Problems;
 use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 use metrics_exporter_prometheus::PrometheusBuilder;
+use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 
 #[derive(Debug, thiserror::Error)]
@@ -11,6 +13,39 @@ use std::net::SocketAddr;
 pub struct MetricsError {
     addr: SocketAddr,
     message: String,
+}
+
+/// `[metrics]`: the exporter.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Prometheus exporter address; loopback unless you mean otherwise.
+    pub listen: String,
+    pub enabled: bool,
+    /// Opt-in: label transitions by fence id. One series per fence, so
+    /// only for fence sets small enough for Prometheus to hold.
+    pub per_fence_labels: bool,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9464".into(),
+            enabled: true,
+            per_fence_labels: false,
+        }
+    }
+}
+
+impl MetricsConfig {
+    pub fn check(&self, problems: &mut Problems) {
+        if self.enabled && self.listen.parse::<SocketAddr>().is_err() {
+            problems.add(
+                "metrics.listen",
+                format!("{:?} is not an address like 127.0.0.1:9464", self.listen),
+            );
+        }
+    }
 }
 
 /// One in this many is recorded in the two histograms that every message

@@ -6,6 +6,7 @@
 //! see failed calls during an outage and working calls after it, without
 //! rebuilding anything.
 
+use crate::problems::Problems;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -91,5 +92,27 @@ impl ConnectionLike for RedisLink {
             Self::Node(c) => c.get_db(),
             Self::Cluster(c) => c.get_db(),
         }
+    }
+}
+
+/// `urls` and `cluster` of a Redis section, reported under `section`.
+pub fn check_redis_urls(section: &str, urls: &[String], cluster: bool, problems: &mut Problems) {
+    let field = format!("{section}.urls");
+    if urls.is_empty() {
+        problems.add(&field, "name at least one redis://host:port");
+    }
+    for url in urls {
+        if redis::parse_redis_url(url).is_none() {
+            problems.add(&field, format!("{url:?} is not a redis://host:port URL"));
+        }
+    }
+    if urls.len() > 1 && !cluster {
+        problems.add(
+            format!("{section}.cluster"),
+            format!(
+                "{} urls given: several seed nodes mean a Cluster, so set cluster = true (a single node takes one url)",
+                urls.len()
+            ),
+        );
     }
 }

@@ -167,7 +167,7 @@ fn the_global_allowance_is_checked_and_names_its_field() {
 fn the_redis_state_backend_is_checked_and_names_its_field() {
     let redis = support::example::with_redis_state("redis://127.0.0.1:6379");
     let config = Config::parse(&redis).expect("the documented redis backend is valid");
-    assert_eq!(config.state.partitions, 16);
+    assert_eq!(config.state.redis.partitions, 16);
     assert!(config.events.mqtt);
     let bad = redis
         .replace("urls = [\"redis://127.0.0.1:6379\"]", "urls = []")
@@ -180,4 +180,45 @@ fn the_redis_state_backend_is_checked_and_names_its_field() {
     for field in ["state.urls", "state.partitions", "events.path"] {
         assert!(fields.contains(&field), "{field} not in {problems:?}");
     }
+}
+
+/// A key of one state backend under another is refused by name, not
+/// silently ignored: a `path` under `backend = "redis"` would otherwise
+/// suggest a file that nothing writes.
+#[test]
+fn a_state_key_the_backend_does_not_read_is_refused_by_name() {
+    let redis = support::example::with_redis_state("redis://127.0.0.1:6379");
+    let with_path = redis.replace(
+        "# path = \"geogate-state.sqlite\"",
+        "path = \"geogate-state.sqlite\"",
+    );
+    assert_ne!(with_path, redis, "the example documents state.path");
+    let Err(ConfigError::Invalid(problems)) = Config::parse(&with_path) else {
+        panic!("expected a path under the redis backend to be refused");
+    };
+    let problem = problems
+        .iter()
+        .find(|p| p.field == "state.path")
+        .unwrap_or_else(|| panic!("state.path not in {problems:?}"));
+    assert!(problem.message.contains("redis"), "{}", problem.message);
+    // And the other way round: a Redis key under the embedded backend.
+    let text = std::fs::read_to_string("config/geogate.toml").unwrap();
+    let (head, state) = text.split_at(text.find("[state]").unwrap());
+    let urls = format!(
+        "{head}{}",
+        state.replace(
+            "# urls = [\"redis://127.0.0.1:6379\"]",
+            "urls = [\"redis://127.0.0.1:6379\"]",
+        )
+    );
+    let Err(ConfigError::Invalid(problems)) = Config::parse(&urls) else {
+        panic!("expected urls under the embedded backend to be refused");
+    };
+    assert_eq!(
+        problems
+            .iter()
+            .map(|p| p.field.as_str())
+            .collect::<Vec<_>>(),
+        ["state.urls"]
+    );
 }

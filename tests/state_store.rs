@@ -4,6 +4,7 @@
 use geogate::config::{FsyncPolicy, StateBackend, StateConfig};
 use geogate::geofence::VehicleSnapshot;
 use geogate::model::VehicleId;
+use geogate::state::embedded::EmbeddedConfig;
 use geogate::state::embedded::EmbeddedStore;
 use geogate::state::local::record;
 use geogate::state::local::store::{CommitBatch, Store};
@@ -29,11 +30,13 @@ fn a_million_vehicles_take_at_most_300_bytes_each_and_read_back_intact() {
     let dir = tempfile::tempdir().unwrap();
     let config = StateConfig {
         backend: StateBackend::Embedded,
-        path: dir.path().join("state.sqlite"),
+        embedded: EmbeddedConfig {
+            path: dir.path().join("state.sqlite"),
+        },
         fsync: FsyncPolicy::Flush,
         ..StateConfig::default()
     };
-    let (mut store, recovered) = EmbeddedStore::open(&config.path, &config).unwrap();
+    let (mut store, recovered) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
     assert!(recovered.created && recovered.vehicles.is_empty());
     for start in (0..VEHICLES).step_by(20_000) {
         let vehicles = (start..start + 20_000)
@@ -50,7 +53,7 @@ fn a_million_vehicles_take_at_most_300_bytes_each_and_read_back_intact() {
     assert!(per_vehicle <= 300.0, "{per_vehicle:.1} bytes per vehicle");
     drop(store);
 
-    let (_store, recovered) = EmbeddedStore::open(&config.path, &config).unwrap();
+    let (_store, recovered) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
     assert!(!recovered.created);
     assert_eq!(recovered.vehicles.len(), VEHICLES);
     for (id, got) in recovered.vehicles.iter().step_by(9973) {

@@ -22,6 +22,7 @@
 //! event being released now, so depth `b` means one released at once and
 //! `b − 1` waiting. The first release after an idle period is immediate.
 
+pub mod config;
 pub mod fixed_window;
 pub mod leaky_bucket;
 pub mod rule;

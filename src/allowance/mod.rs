@@ -13,8 +13,11 @@
 //! `fail_mode` decides: `open` admits without shared accounting (counted),
 //! `closed` sheds (counted). The shard's own gate applies either way.
 
+mod config;
 mod refiller;
 mod script;
+
+pub use config::GlobalAllowanceConfig;
 
 pub use refiller::{RedisTarget, refill};
 pub use script::{Grant, SharedBucket};

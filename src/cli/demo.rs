@@ -8,11 +8,11 @@
 
 use crate::config::Config;
 use crate::pipeline::accounting::Balance;
-use crate::pipeline::{self, PipelineView};
 use crate::replay::capture;
 use crate::replay::{Pacing, replay_live};
 use crate::report::map::{Marker, Track, map_svg};
 use crate::report::{PALETTE, Series, html_page, html_table, line_chart};
+use crate::service::{self, PipelineView};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,7 +22,7 @@ pub enum DemoError {
     #[error("{0}")]
     Setup(String),
     #[error("pipeline: {0}")]
-    Pipeline(#[from] pipeline::PipelineError),
+    Pipeline(#[from] service::ServiceError),
     #[error("replay: {0}")]
     Replay(#[from] crate::replay::ReplayError),
     #[error("report: {0}")]
@@ -104,7 +104,7 @@ pub async fn run(
     }
     // Each demo replays the same capture from the start, so it starts from
     // no state, explicitly, beside the events file it also starts anew.
-    config.state.path = demo.report_dir.join("state.sqlite");
+    config.state.embedded.path = demo.report_dir.join("state.sqlite");
     config.state.reset = true;
     config.pipeline.sustained_rate = demo.sustained_rate;
     config.pipeline.queue_capacity = demo.queue_capacity;
@@ -138,7 +138,7 @@ pub async fn run(
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let (view_tx, view_rx) = tokio::sync::oneshot::channel::<PipelineView>();
-    let pipeline = tokio::spawn(pipeline::run(
+    let pipeline = tokio::spawn(service::run(
         config,
         async {
             let _ = stop_rx.await;

@@ -76,6 +76,17 @@ impl Default for CodecSettings {
     }
 }
 
+impl CodecSettings {
+    pub fn check(&self, problems: &mut crate::problems::Problems) {
+        if self.max_payload_bytes == 0 {
+            problems.add("codec.max_payload_bytes", "must be ≥ 1");
+        }
+        if !(self.idle_speed_kmh.is_finite() && self.idle_speed_kmh >= 0.0) {
+            problems.add("codec.idle_speed_kmh", "must be a finite number ≥ 0");
+        }
+    }
+}
+
 /// Every field either format may carry, as the loose reading gives them
 /// (and the typed reading converts to). Public so the JSON benchmark
 /// (`benches/json.rs`) measures each parser on this very shape.

@@ -16,6 +16,7 @@
 //! * [`relay`]: committed batches to the file, then their completions,
 //!   then the publisher.
 
+pub mod config;
 pub mod events_file;
 pub mod outbox;
 pub mod publisher;

@@ -5,10 +5,10 @@
 //! deadline passes.
 
 use super::outbox::OutboxEntry;
-use crate::config::FsyncPolicy;
 use crate::crash_point;
 use crate::shutdown::Drain;
 use crate::sink::append_file::AppendFile;
+use crate::sink::config::FsyncPolicy;
 use crate::sink::health::SinkHealth;
 use std::io;
 use std::path::Path;

@@ -7,6 +7,7 @@
 
 mod banded;
 mod cell_grid;
+pub mod config;
 pub mod evaluator;
 pub mod fences;
 mod fingerprint;

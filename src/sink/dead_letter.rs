@@ -15,7 +15,7 @@
 
 use super::append_file::{AppendFile, last_newline};
 use super::health::SinkHealth;
-use crate::config::FsyncPolicy;
+use crate::sink::config::FsyncPolicy;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::fs::File;

@@ -9,6 +9,7 @@
 //! deadline passes.
 
 pub mod append_file;
+pub mod config;
 pub mod dead_letter;
 pub mod health;
 pub mod payload;

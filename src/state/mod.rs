@@ -23,15 +23,16 @@
 //!
 //! [`open`] is the one place that knows every backend.
 
+pub mod config;
 pub mod embedded;
 mod error;
 pub mod local;
 pub mod memory;
 pub mod redis;
 
+pub use config::{StateBackend, StateConfig};
 pub use error::StateError;
 
-use crate::config::{StateBackend, StateConfig};
 use crate::geofence::{EvaluatorSettings, FenceIndex, Fix, VehicleSnapshot};
 use crate::model::VehicleId;
 use crate::shutdown::Drain;

@@ -413,7 +413,7 @@ fn run(config_path: Option<PathBuf>, embedded_broker: bool, reset_state: bool) -
     if reset_state && config.state.backend == geogate::config::StateBackend::Redis {
         eprintln!(
             "--reset-state empties the embedded state file; the redis backend's state is shared by every instance, so it is never reset by one: delete the keys under prefix {:?} in Redis if that is what you mean",
-            config.state.prefix
+            config.state.redis.prefix
         );
         return Ok(ExitCode::from(2));
     }
@@ -434,7 +434,7 @@ fn run(config_path: Option<PathBuf>, embedded_broker: bool, reset_state: bool) -
             geogate::metrics::install(addr)?;
             tracing::info!("metrics on http://{addr}/metrics");
         }
-        let balance = geogate::pipeline::run(config, shutdown, |reloader, _view| {
+        let balance = geogate::service::run(config, shutdown, |reloader, _view| {
             tokio::spawn(reload_on_sighup(reloader, hangup));
         })
         .await?;
@@ -479,7 +479,7 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 /// for the reason `shutdown_signal` gives: a SIGHUP's default action ends
 /// the process); a bad file keeps the old fences.
 async fn reload_on_sighup(
-    reloader: geogate::pipeline::FenceReloader,
+    reloader: geogate::service::FenceReloader,
     hangup: std::io::Result<tokio::signal::unix::Signal>,
 ) {
     let Ok(mut hup) = hangup else {

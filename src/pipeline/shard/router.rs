@@ -422,9 +422,9 @@ mod tests {
     use super::*;
     use crate::admission::{Admission, AdmissionPolicy, GateSpec};
     use crate::clock::ManualClock;
-    use crate::config::FsyncPolicy;
     use crate::replay::capture::CaptureRecord;
     use crate::replay::sim::{SimSettings, simulate_steps};
+    use crate::sink::config::FsyncPolicy;
     use crate::source::Envelope;
     use proptest::prelude::*;
 

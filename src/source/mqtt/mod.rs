@@ -24,12 +24,13 @@
 //! **Connecting and reconnecting** are in [`poll`].
 
 pub mod acker;
+pub mod config;
 pub mod poll;
 
 pub use acker::{AckCounts, Acker, ConnectionId, LiveConnection, Registration};
 pub use poll::{IntakeControl, Phase, poll_loop};
 
-use crate::config::MqttConfig;
+use config::MqttConfig;
 use rumqttc::{MqttOptions, QoS};
 use std::time::Duration;
 

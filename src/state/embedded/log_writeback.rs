@@ -19,7 +19,7 @@
 //! wait for a page under writeback (btrfs, stable-page devices), a commit
 //! would otherwise wait once per commit.
 
-use crate::config::FsyncPolicy;
+use crate::sink::config::FsyncPolicy;
 use std::time::{Duration, Instant};
 
 /// The least time between two writeback requests.

@@ -10,16 +10,20 @@
 //! `locking_mode=EXCLUSIVE` takes the file's lock at open and holds it, so
 //! a second geogate pointed at the same file fails at start, by name.
 
+mod config;
 pub mod log_writeback;
 pub mod outbox_rows;
+
+pub use config::EmbeddedConfig;
 
 use super::StateError;
 use super::local::record;
 use super::local::store::{CommitBatch, Opened, Recovered, Store, read_tail};
-use crate::config::{FsyncPolicy, StateConfig};
 use crate::crash_point;
 use crate::delivery::outbox::OutboxEntry;
 use crate::model::VehicleId;
+use crate::sink::config::FsyncPolicy;
+use crate::state::StateConfig;
 use log_writeback::LogWriteback;
 use outbox_rows::OutboxRowError;
 use rusqlite::types::ValueRef;
@@ -45,11 +49,11 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) W
 /// `outbox_commit` holds.
 const OLD_READERS_REFUSED: &str = "CREATE VIEW outbox AS SELECT 2 AS schema_version";
 
-/// Opens the store at `config.path`, checked against the events file so
+/// Opens the store at `config.embedded.path`, checked against the events file so
 /// that a lost or stale state file is an error rather than a silent reset.
 pub fn open(config: &StateConfig, events: Option<&Path>) -> Result<Opened, StateError> {
     let tail = read_tail(events)?;
-    let path = &config.path;
+    let path = &config.embedded.path;
     if !config.reset
         && !path.exists()
         && tail.has_lines
@@ -380,12 +384,14 @@ fn opening_error(path: &Path, source: rusqlite::Error) -> StateError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::StateBackend;
+    use crate::state::StateBackend;
 
     fn config(dir: &Path) -> StateConfig {
         StateConfig {
             backend: StateBackend::Embedded,
-            path: dir.join("state.sqlite"),
+            embedded: EmbeddedConfig {
+                path: dir.join("state.sqlite"),
+            },
             fsync: FsyncPolicy::Flush,
             ..StateConfig::default()
         }
@@ -407,8 +413,8 @@ mod tests {
     /// A store created in `dir` and closed, then changed behind its back.
     fn created_then_altered(dir: &Path, sql: &str) -> StateConfig {
         let config = config(dir);
-        drop(EmbeddedStore::open(&config.path, &config).unwrap());
-        Connection::open(&config.path)
+        drop(EmbeddedStore::open(&config.embedded.path, &config).unwrap());
+        Connection::open(&config.embedded.path)
             .unwrap()
             .execute_batch(sql)
             .unwrap();
@@ -440,7 +446,7 @@ mod tests {
             &mut record,
         );
         {
-            let old = Connection::open(&config.path).unwrap();
+            let old = Connection::open(&config.embedded.path).unwrap();
             old.execute_batch(VERSION_1_TABLES).unwrap();
             old.execute_batch(
                 "PRAGMA journal_mode = WAL;
@@ -458,7 +464,7 @@ mod tests {
                 .unwrap();
             }
         }
-        let (mut store, recovered) = EmbeddedStore::open(&config.path, &config).unwrap();
+        let (mut store, recovered) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
         assert!(!recovered.created);
         assert_eq!(recovered.outbox, vec![entry(2), entry(3), entry(4)]);
         assert_eq!((recovered.next_seq, recovered.mqtt_cursor), (5, 1));
@@ -474,7 +480,7 @@ mod tests {
             })
             .unwrap();
         drop(store);
-        let (mut store, recovered) = EmbeddedStore::open(&config.path, &config).unwrap();
+        let (mut store, recovered) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
         // 2–4 were confirmed by both destinations and pruned.
         assert_eq!(recovered.outbox, vec![entry(5), entry(6)]);
         assert_eq!(recovered.next_seq, 7);
@@ -503,7 +509,7 @@ mod tests {
     fn a_row_is_pruned_once_its_last_entry_is_confirmed() {
         let dir = tempfile::tempdir().unwrap();
         let config = config(dir.path());
-        let (mut store, _) = EmbeddedStore::open(&config.path, &config).unwrap();
+        let (mut store, _) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
         let commit = |store: &mut EmbeddedStore, seqs: std::ops::Range<u64>, confirmed| {
             store
                 .commit(&CommitBatch {
@@ -524,7 +530,7 @@ mod tests {
         assert_eq!(rows, 2);
         commit(&mut store, 6..7, 3);
         drop(store);
-        let (_, recovered) = EmbeddedStore::open(&config.path, &config).unwrap();
+        let (_, recovered) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
         assert_eq!(recovered.outbox, vec![entry(4), entry(5), entry(6)]);
     }
 
@@ -535,7 +541,9 @@ mod tests {
             dir.path(),
             "UPDATE meta SET value = 3 WHERE key = 'schema'; DROP TABLE vehicle;",
         );
-        let refused = EmbeddedStore::open(&config.path, &config).err().unwrap();
+        let refused = EmbeddedStore::open(&config.embedded.path, &config)
+            .err()
+            .unwrap();
         assert!(
             matches!(refused, StateError::Newer { version: 3, .. }),
             "{refused}"
@@ -544,7 +552,7 @@ mod tests {
             refused.to_string().contains("schema version 3"),
             "{refused}"
         );
-        let mut conn = Connection::open(&config.path).unwrap();
+        let mut conn = Connection::open(&config.embedded.path).unwrap();
         let tx = conn.transaction().unwrap();
         assert!(
             !exists(&tx, "table", "vehicle").unwrap(),
@@ -559,7 +567,7 @@ mod tests {
     fn a_failed_move_leaves_the_file_as_it_was_and_a_reset_gets_past_it() {
         let dir = tempfile::tempdir().unwrap();
         let config = config(dir.path());
-        let old = Connection::open(&config.path).unwrap();
+        let old = Connection::open(&config.embedded.path).unwrap();
         old.execute_batch(VERSION_1_TABLES).unwrap();
         old.execute_batch(
             "INSERT INTO meta VALUES ('schema', 1), ('next_seq', 3), ('mqtt_cursor', 0);
@@ -567,8 +575,8 @@ mod tests {
         )
         .unwrap();
         drop(old);
-        assert!(EmbeddedStore::open(&config.path, &config).is_err());
-        let mut conn = Connection::open(&config.path).unwrap();
+        assert!(EmbeddedStore::open(&config.embedded.path, &config).is_err());
+        let mut conn = Connection::open(&config.embedded.path).unwrap();
         assert_eq!(schema_version(&conn), 1);
         let tx = conn.transaction().unwrap();
         assert!(exists(&tx, "table", "outbox").unwrap());
@@ -579,7 +587,7 @@ mod tests {
             reset: true,
             ..config.clone()
         };
-        let (_, recovered) = EmbeddedStore::open(&reset.path, &reset).unwrap();
+        let (_, recovered) = EmbeddedStore::open(&reset.embedded.path, &reset).unwrap();
         assert!(recovered.created && recovered.outbox.is_empty());
         assert_eq!(recovered.next_seq, 1);
     }
@@ -591,7 +599,9 @@ mod tests {
             dir.path(),
             "INSERT INTO outbox_commit VALUES (9, 8, x'0476616e')",
         );
-        let refused = EmbeddedStore::open(&config.path, &config).err().unwrap();
+        let refused = EmbeddedStore::open(&config.embedded.path, &config)
+            .err()
+            .unwrap();
         assert!(
             matches!(
                 refused,

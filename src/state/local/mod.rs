@@ -15,13 +15,13 @@ pub mod shard;
 pub mod store;
 
 use super::{Backend, BoxFuture, OpenContext, ShardState, StateError};
-use crate::config::StateConfig;
 use crate::delivery::publisher::Publisher;
 use crate::delivery::relay::Relay;
 use crate::delivery::writer::EventsWriter;
 use crate::delivery::{Cursors, events_file};
 use crate::geofence::{Evaluator, EvaluatorSettings, FenceIndex, VehicleSnapshot};
 use crate::model::VehicleId;
+use crate::state::StateConfig;
 use commit::{CommitRequest, Committer, MAX_BATCHES_PER_COMMIT};
 use shard::LocalShard;
 use std::sync::Arc;
@@ -79,7 +79,7 @@ impl LocalBackend {
                 vehicles = recovered.vehicles.len(),
                 outbox = recovered.outbox.len(),
                 "state {} opened{}",
-                config.path.display(),
+                config.embedded.path.display(),
                 if recovered.created { " (new)" } else { "" }
             );
         }

@@ -5,10 +5,10 @@
 //! fix is probed against the local fences and the batch applied in Redis.
 
 use super::{SharedApplier, SharedStage};
-use crate::config::StateConfig;
 use crate::geofence::{FenceIndex, VehicleSnapshot};
 use crate::model::VehicleId;
 use crate::shutdown::Drain;
+use crate::state::StateConfig;
 use crate::state::{
     Backend, Batch, BoxFuture, Completion, OpenContext, Outcomes, ShardState, StateError, Stopped,
 };

@@ -12,6 +12,7 @@
 
 mod applier;
 mod backend;
+mod config;
 mod consumer;
 pub mod fence_sets;
 mod mqtt_cursor;
@@ -20,6 +21,7 @@ mod stage;
 
 pub use applier::{BatchCounts, SharedApplier};
 pub use backend::RedisBackend;
+pub use config::RedisConfig;
 pub use script::{Applied, SharedRules, SharedStateError};
 pub use stage::SharedStage;
 

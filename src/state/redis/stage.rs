@@ -7,7 +7,6 @@ use super::consumer::{GROUP, OutboxConsumer, RECENT_LINES};
 use super::fence_sets::FenceSets;
 use super::mqtt_cursor::MqttCursor;
 use super::{SharedRules, SharedStateError};
-use crate::config::StateConfig;
 use crate::delivery::Cursors;
 use crate::delivery::events_file;
 use crate::delivery::publisher::Publisher;
@@ -15,6 +14,7 @@ use crate::delivery::writer::EventsWriter;
 use crate::geofence::{EvaluatorSettings, FenceIndex};
 use crate::redis_link::RedisLink;
 use crate::shutdown::Drain;
+use crate::state::StateConfig;
 use crate::state::StateError;
 use std::path::Path;
 use std::sync::Arc;
@@ -44,18 +44,18 @@ impl SharedStage {
         drain: Drain,
     ) -> Result<Self, StateError> {
         let shared = |e: SharedStateError| StateError::Shared(e.to_string());
-        let timeout = Duration::from_millis(config.timeout_ms);
-        let mut link = RedisLink::connect(&config.urls, config.cluster, timeout)
+        let timeout = Duration::from_millis(config.redis.timeout_ms);
+        let mut link = RedisLink::connect(&config.redis.urls, config.redis.cluster, timeout)
             .await
             .map_err(|e| StateError::Shared(e.to_string()))?;
         let rules = Arc::new(SharedRules::new(
-            &config.prefix,
-            config.partitions,
+            &config.redis.prefix,
+            config.redis.partitions,
             settings.max_memberships,
             settings.idle_expiry_ms,
         ));
         rules.agree_on_partitions(&mut link).await.map_err(shared)?;
-        for p in 0..config.partitions {
+        for p in 0..config.redis.partitions {
             let made: redis::RedisResult<()> = redis::cmd("XGROUP")
                 .arg("CREATE")
                 .arg(rules.keys.outbox(p))
@@ -122,26 +122,26 @@ impl SharedStage {
         let consumer = OutboxConsumer {
             link: link.clone(),
             keys: rules.keys.clone(),
-            partitions: config.partitions,
+            partitions: config.redis.partitions,
             me: consumer_name.to_owned(),
             file,
             next_seq,
             recent,
-            claim_idle: Duration::from_secs_f64(config.claim_idle_s),
+            claim_idle: Duration::from_secs_f64(config.redis.claim_idle_s),
             fence_sets: FenceSets::new(
                 rules.keys.meta("fence_sets"),
                 consumer_name,
                 fence_set,
-                Duration::from_secs_f64(config.claim_idle_s),
+                Duration::from_secs_f64(config.redis.claim_idle_s),
             ),
             unacked: Default::default(),
             publisher,
         };
         tracing::info!(
             "state in redis {} (prefix {}, {} partitions); this instance delivers as {consumer_name}",
-            config.urls.join(","),
-            config.prefix,
-            config.partitions
+            config.redis.urls.join(","),
+            config.redis.prefix,
+            config.redis.partitions
         );
         Ok(Self {
             rules,

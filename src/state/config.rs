@@ -1,0 +1,142 @@
+//! `[state]`: which backend keeps per-vehicle state, and its settings.
+//!
+//! The section is flat in the file (`backend`, `path`, `urls`, ...); here
+//! each backend's keys are grouped under it ([`EmbeddedConfig`],
+//! [`RedisConfig`]), checked by it, and a key that the chosen backend does
+//! not read is refused by name rather than silently ignored.
+
+use super::embedded::EmbeddedConfig;
+use super::redis::RedisConfig;
+use crate::problems::Problems;
+use crate::sink::config::FsyncPolicy;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateBackend {
+    /// Nothing survives the process: benchmarks, throwaway runs.
+    Memory,
+    /// A SQLite file at `path` (see `state::embedded`).
+    Embedded,
+    /// Redis (a node or a Cluster) at `urls`, shared by every instance
+    /// (see `state::redis`).
+    Redis,
+}
+
+impl StateBackend {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::Embedded => "embedded",
+            Self::Redis => "redis",
+        }
+    }
+}
+
+/// Where per-vehicle state and the outbox live (see `state`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(from = "StateSection")]
+pub struct StateConfig {
+    pub backend: StateBackend,
+    /// `flush`: a commit survives a process crash; `always`: it is fsynced
+    /// and survives power loss too. Applies to the events file as well.
+    pub fsync: FsyncPolicy,
+    /// Start from no state even if the file holds some (`--reset-state`);
+    /// never read from the file, so a reset is always explicit.
+    pub reset: bool,
+    pub embedded: EmbeddedConfig,
+    pub redis: RedisConfig,
+    /// The backend-specific keys the file set, to refuse those the chosen
+    /// backend does not read.
+    pub written: Vec<&'static str>,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        Self {
+            backend: StateBackend::Embedded,
+            fsync: FsyncPolicy::Flush,
+            reset: false,
+            embedded: EmbeddedConfig::default(),
+            redis: RedisConfig::default(),
+            written: Vec::new(),
+        }
+    }
+}
+
+/// `[state]` as the file spells it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StateSection {
+    backend: Option<StateBackend>,
+    fsync: Option<FsyncPolicy>,
+    path: Option<PathBuf>,
+    urls: Option<Vec<String>>,
+    cluster: Option<bool>,
+    prefix: Option<String>,
+    partitions: Option<u32>,
+    claim_idle_s: Option<f64>,
+    timeout_ms: Option<u64>,
+}
+
+impl From<StateSection> for StateConfig {
+    fn from(s: StateSection) -> Self {
+        let mut c = StateConfig::default();
+        let mut written = Vec::new();
+        let mut set = |name: &'static str, present: bool| {
+            if present {
+                written.push(name);
+            }
+        };
+        set("path", s.path.is_some());
+        set("urls", s.urls.is_some());
+        set("cluster", s.cluster.is_some());
+        set("prefix", s.prefix.is_some());
+        set("partitions", s.partitions.is_some());
+        set("claim_idle_s", s.claim_idle_s.is_some());
+        set("timeout_ms", s.timeout_ms.is_some());
+        c.backend = s.backend.unwrap_or(c.backend);
+        c.fsync = s.fsync.unwrap_or(c.fsync);
+        let e = &mut c.embedded;
+        e.path = s.path.unwrap_or_else(|| e.path.clone());
+        let r = &mut c.redis;
+        r.urls = s.urls.unwrap_or_default();
+        r.cluster = s.cluster.unwrap_or(r.cluster);
+        r.prefix = s.prefix.unwrap_or_else(|| r.prefix.clone());
+        r.partitions = s.partitions.unwrap_or(r.partitions);
+        r.claim_idle_s = s.claim_idle_s.unwrap_or(r.claim_idle_s);
+        r.timeout_ms = s.timeout_ms.unwrap_or(r.timeout_ms);
+        c.written = written;
+        c
+    }
+}
+
+impl StateConfig {
+    /// Checks the chosen backend's keys; `events` and `dead_letter` are
+    /// the other files the run writes, which the state must not share.
+    pub fn check(&self, events: Option<&Path>, dead_letter: &Path, problems: &mut Problems) {
+        // The memory backend keeps nothing, so another backend's keys left
+        // in the file (switched to memory for a throwaway run) are harmless.
+        let (reads, other): (&[&str], &str) = match self.backend {
+            StateBackend::Memory => (&[], ""),
+            StateBackend::Embedded => (EmbeddedConfig::KEYS, "the redis backend"),
+            StateBackend::Redis => (RedisConfig::KEYS, "the embedded backend's file"),
+        };
+        let foreign = self.written.iter().filter(|k| !reads.contains(k));
+        for key in foreign.take_while(|_| self.backend != StateBackend::Memory) {
+            problems.add(
+                format!("state.{key}"),
+                format!(
+                    "not read by backend = \"{}\" (it is a setting for {other}); remove it or choose the backend it belongs to",
+                    self.backend.as_str()
+                ),
+            );
+        }
+        match self.backend {
+            StateBackend::Memory => {}
+            StateBackend::Embedded => self.embedded.check(events, dead_letter, problems),
+            StateBackend::Redis => self.redis.check(events, problems),
+        }
+    }
+}
