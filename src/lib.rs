@@ -36,6 +36,7 @@ pub mod redis_link;
 pub mod replay;
 pub mod report;
 pub mod runtime;
+pub mod sampling;
 pub mod service;
 pub mod shutdown;
 pub mod sink;

@@ -19,6 +19,7 @@ use crate::geofence::{
     EvaluatorSettings, FenceErrors, FenceIndex, fingerprint, parse_fences, read_fence_file,
 };
 use crate::pipeline::accounting::{Accounting, Balance};
+use crate::pipeline::metrics::{EVENTS_IN_QUEUE, QUEUE_DEPTH, QUEUE_WATERMARK};
 use crate::pipeline::{decode, shard};
 use crate::shutdown::DrainControl;
 use crate::sink::dead_letter::{DeadLetterSink, Recovery};
@@ -115,9 +116,9 @@ impl PipelineView {
 /// otherwise show its last busy depth forever).
 async fn refresh_gauges(accounting: Arc<Accounting>, queues: Vec<FillView>) {
     let depth: Vec<metrics::Gauge> = (0..queues.len())
-        .map(|s| metrics::gauge!("geogate_queue_depth", "shard" => s.to_string()))
+        .map(|s| metrics::gauge!(QUEUE_DEPTH, "shard" => s.to_string()))
         .collect();
-    let in_queue = metrics::gauge!("geogate_events_in_queue");
+    let in_queue = metrics::gauge!(EVENTS_IN_QUEUE);
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     loop {
         tick.tick().await;
@@ -329,7 +330,7 @@ pub async fn run(
         subscribed: subscribed_rx,
     };
     crate::metrics::register_zero_series(shard_count, config.gate.kind.as_str());
-    metrics::gauge!("geogate_queue_watermark").set(config.pipeline.watermark);
+    metrics::gauge!(QUEUE_WATERMARK).set(config.pipeline.watermark);
     let gauges = tokio::spawn(refresh_gauges(view.accounting.clone(), view.queues.clone()));
     on_ready(reloader, view);
 

@@ -14,6 +14,7 @@
 //! `closed` sheds (counted). The shard's own gate applies either way.
 
 mod config;
+pub mod metrics;
 mod refiller;
 mod script;
 
@@ -22,6 +23,9 @@ pub use config::GlobalAllowanceConfig;
 pub use refiller::{RedisTarget, refill};
 pub use script::{Grant, SharedBucket};
 
+use crate::allowance::metrics::{
+    GLOBAL_ALLOWANCE_FAIL_OPEN_ADMITTED_TOTAL, GLOBAL_ALLOWANCE_SPENT_TOKENS_TOTAL,
+};
 use crate::clock::Nanos;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -72,8 +76,8 @@ pub struct GlobalAllowance {
     reachable: AtomicBool,
     retry_after_us: AtomicU64,
     wake: tokio::sync::Notify,
-    spent: metrics::Counter,
-    unpaid: metrics::Counter,
+    spent: ::metrics::Counter,
+    unpaid: ::metrics::Counter,
 }
 
 impl GlobalAllowance {
@@ -89,8 +93,8 @@ impl GlobalAllowance {
             reachable: AtomicBool::new(true),
             retry_after_us: AtomicU64::new(0),
             wake: tokio::sync::Notify::new(),
-            spent: metrics::counter!("geogate_global_allowance_spent_tokens_total"),
-            unpaid: metrics::counter!("geogate_global_allowance_fail_open_admitted_total"),
+            spent: ::metrics::counter!(GLOBAL_ALLOWANCE_SPENT_TOKENS_TOTAL),
+            unpaid: ::metrics::counter!(GLOBAL_ALLOWANCE_FAIL_OPEN_ADMITTED_TOTAL),
         }
     }
 

@@ -3,6 +3,11 @@
 //! reconnects), notices outages, and counts them.
 
 use super::{GlobalAllowance, SharedBucket};
+use crate::allowance::metrics::{
+    GLOBAL_ALLOWANCE_CONNECTED, GLOBAL_ALLOWANCE_ERRORS_TOTAL, GLOBAL_ALLOWANCE_FAIL_MODE_SECONDS,
+    GLOBAL_ALLOWANCE_RESERVE_TOKENS, GLOBAL_ALLOWANCE_ROUND_TRIP_SECONDS,
+    GLOBAL_ALLOWANCE_TAKEN_TOKENS_TOTAL,
+};
 use crate::backoff::Backoff;
 use crate::redis_link::RedisLink;
 use std::sync::Arc;
@@ -28,13 +33,12 @@ const HEALTH_CHECK: Duration = Duration::from_secs(1);
 /// which only ever admits less).
 pub async fn refill(allowance: Arc<GlobalAllowance>, bucket: SharedBucket, target: RedisTarget) {
     let mode = allowance.fail_mode().as_str();
-    let connected = metrics::gauge!("geogate_global_allowance_connected");
-    let errors = metrics::counter!("geogate_global_allowance_errors_total");
-    let fail_seconds =
-        metrics::gauge!("geogate_global_allowance_fail_mode_seconds", "mode" => mode);
-    let taken = metrics::counter!("geogate_global_allowance_taken_tokens_total");
-    let reserve = metrics::gauge!("geogate_global_allowance_reserve_tokens");
-    let round_trip = metrics::histogram!("geogate_global_allowance_round_trip_seconds");
+    let connected = metrics::gauge!(GLOBAL_ALLOWANCE_CONNECTED);
+    let errors = metrics::counter!(GLOBAL_ALLOWANCE_ERRORS_TOTAL);
+    let fail_seconds = metrics::gauge!(GLOBAL_ALLOWANCE_FAIL_MODE_SECONDS, "mode" => mode);
+    let taken = metrics::counter!(GLOBAL_ALLOWANCE_TAKEN_TOKENS_TOTAL);
+    let reserve = metrics::gauge!(GLOBAL_ALLOWANCE_RESERVE_TOKENS);
+    let round_trip = metrics::histogram!(GLOBAL_ALLOWANCE_ROUND_TRIP_SECONDS);
     let mut link: Option<RedisLink> = None;
     let mut backoff = Backoff::new();
     // While Redis is unreachable: when the time in fail mode was last counted.

@@ -18,6 +18,7 @@
 
 pub mod config;
 pub mod events_file;
+pub mod metrics;
 pub mod outbox;
 pub mod publisher;
 pub mod relay;

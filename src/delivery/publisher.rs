@@ -21,6 +21,7 @@
 //! again after the restart.
 
 use super::Cursors;
+use super::metrics::EVENTS_PUBLISH_SKIPPED_TOTAL;
 use super::outbox::OutboxEntry;
 use crate::crash_point;
 use crate::shutdown::Drain;
@@ -100,7 +101,7 @@ impl Publisher {
             sent_seq: cursor,
             cursors,
             drain,
-            skipped: metrics::counter!("geogate_events_publish_skipped_total"),
+            skipped: metrics::counter!(EVENTS_PUBLISH_SKIPPED_TOTAL),
             gave_up: false,
             _done: done,
         };

@@ -8,4 +8,5 @@
 pub mod accounting;
 pub mod config;
 pub mod decode;
+pub mod metrics;
 pub mod shard;

@@ -16,6 +16,7 @@
 use super::append_file::{AppendFile, last_newline};
 use super::health::SinkHealth;
 use crate::sink::config::FsyncPolicy;
+use crate::sink::metrics::DEAD_LETTER_RECORDS_DELETED_TOTAL;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::fs::File;
@@ -268,7 +269,7 @@ impl DeadLetterSink {
             Ok(records) => {
                 std::fs::remove_file(&oldest)?;
                 self.deleted += records;
-                metrics::counter!("geogate_dead_letter_records_deleted_total").increment(records);
+                metrics::counter!(DEAD_LETTER_RECORDS_DELETED_TOTAL).increment(records);
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),

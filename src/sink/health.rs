@@ -4,6 +4,7 @@
 //! until the sink recovers or shutdown's drain deadline passes.
 
 use crate::shutdown::RetryObserver;
+use crate::sink::metrics::{SINK_HEALTHY, SINK_WRITE_FAILURES_TOTAL};
 use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -29,14 +30,14 @@ impl SinkHealth {
     /// `sink` is the metric label: `dead_letter` or `events`; `held` says
     /// what waits while it fails.
     pub fn new(sink: &'static str, path: &Path, held: &'static str) -> Self {
-        let healthy = metrics::gauge!("geogate_sink_healthy", "sink" => sink);
+        let healthy = metrics::gauge!(SINK_HEALTHY, "sink" => sink);
         healthy.set(1.0);
         Self {
             sink,
             path: path.display().to_string(),
             held,
             healthy,
-            failures: metrics::counter!("geogate_sink_write_failures_total", "sink" => sink),
+            failures: metrics::counter!(SINK_WRITE_FAILURES_TOTAL, "sink" => sink),
             failing: AtomicUsize::new(0),
             attempts: AtomicU64::new(0),
         }

@@ -12,4 +12,5 @@ pub mod append_file;
 pub mod config;
 pub mod dead_letter;
 pub mod health;
+pub mod metrics;
 pub mod payload;

@@ -28,6 +28,7 @@ pub mod embedded;
 mod error;
 pub mod local;
 pub mod memory;
+pub mod metrics;
 pub mod redis;
 
 pub use config::{StateBackend, StateConfig};

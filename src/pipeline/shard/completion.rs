@@ -4,8 +4,13 @@
 //! [`Completion`]; what finishing means (accounting, acks) stays here, in
 //! the pipeline.
 
-use crate::metrics::SAMPLE_EVERY;
 use crate::pipeline::accounting::Accounting;
+use crate::pipeline::metrics::{
+    DUPLICATES_IGNORED_TOTAL, END_TO_END_LATENCY_SECONDS, EVENTS_EVALUATED_TOTAL,
+    EVENTS_INVALID_TOTAL, FENCE_TRANSITIONS_TOTAL, FIXES_OUT_OF_ORDER_TOTAL,
+    MEMBERSHIP_OVERFLOW_TOTAL,
+};
+use crate::sampling::SAMPLE_EVERY;
 use crate::source::{AckToken, Completions};
 use crate::state::{Completion, Outcomes};
 use std::sync::Arc;
@@ -32,14 +37,14 @@ pub struct ShardCounters {
 impl ShardCounters {
     pub fn new(shard: usize, accounting: Arc<Accounting>, completions: Completions) -> Self {
         Self {
-            evaluated: metrics::counter!("geogate_events_evaluated_total", "shard" => shard.to_string()),
-            out_of_order: metrics::counter!("geogate_fixes_out_of_order_total"),
-            duplicates: metrics::counter!("geogate_duplicates_ignored_total", "by" => "state"),
-            invalid_duplicates: metrics::counter!("geogate_events_invalid_total", "reason" => "duplicate"),
+            evaluated: metrics::counter!(EVENTS_EVALUATED_TOTAL, "shard" => shard.to_string()),
+            out_of_order: metrics::counter!(FIXES_OUT_OF_ORDER_TOTAL),
+            duplicates: metrics::counter!(DUPLICATES_IGNORED_TOTAL, "by" => "state"),
+            invalid_duplicates: metrics::counter!(EVENTS_INVALID_TOTAL, "reason" => "duplicate"),
             transitions: ["enter", "exit"]
-                .map(|k| metrics::counter!("geogate_fence_transitions_total", "kind" => k)),
-            overflows: metrics::counter!("geogate_membership_overflow_total"),
-            latency: metrics::histogram!("geogate_end_to_end_latency_seconds"),
+                .map(|k| metrics::counter!(FENCE_TRANSITIONS_TOTAL, "kind" => k)),
+            overflows: metrics::counter!(MEMBERSHIP_OVERFLOW_TOTAL),
+            latency: metrics::histogram!(END_TO_END_LATENCY_SECONDS),
             latency_seen: AtomicU64::new(0),
             accounting,
             completions,

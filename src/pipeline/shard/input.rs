@@ -6,6 +6,10 @@ use super::queue::QueueSender;
 use crate::admission::{Admission, Gate};
 use crate::clock::Nanos;
 use crate::model::Priority;
+use crate::pipeline::metrics::{
+    BACKPRESSURE_WAITS_TOTAL, EVENTS_ADMITTED_TOTAL, EVENTS_SHED_TOTAL, GATE_ADMITTED_TOTAL,
+    GATE_LEVEL, QUEUE_CAPACITY, QUEUE_DEPTH,
+};
 use metrics::{Counter, Gauge};
 use tokio::sync::mpsc;
 
@@ -49,18 +53,17 @@ impl ShardInput {
     ) -> Self {
         let label = shard.to_string();
         let gate = admission.gate().name();
-        metrics::gauge!("geogate_queue_capacity", "shard" => label.clone())
-            .set(tx.max_capacity() as f64);
+        metrics::gauge!(QUEUE_CAPACITY, "shard" => label.clone()).set(tx.max_capacity() as f64);
         Self {
             admitted: [Priority::Low, Priority::High].map(|p| {
-                metrics::counter!("geogate_events_admitted_total", "shard" => label.clone(), "priority" => p.as_str())
+                metrics::counter!(EVENTS_ADMITTED_TOTAL, "shard" => label.clone(), "priority" => p.as_str())
             }),
-            shed: metrics::counter!("geogate_events_shed_total", "shard" => label.clone(), "gate" => gate),
-            shed_global: admission.has_global().then(|| metrics::counter!("geogate_events_shed_total", "shard" => label.clone(), "gate" => "global")),
-            depth: metrics::gauge!("geogate_queue_depth", "shard" => label.clone()),
-            level: metrics::gauge!("geogate_gate_level", "shard" => label.clone()),
-            backpressure: metrics::counter!("geogate_backpressure_waits_total", "shard" => label.clone()),
-            gate_admitted: metrics::counter!("geogate_gate_admitted_total", "shard" => label, "gate" => gate),
+            shed: metrics::counter!(EVENTS_SHED_TOTAL, "shard" => label.clone(), "gate" => gate),
+            shed_global: admission.has_global().then(|| metrics::counter!(EVENTS_SHED_TOTAL, "shard" => label.clone(), "gate" => "global")),
+            depth: metrics::gauge!(QUEUE_DEPTH, "shard" => label.clone()),
+            level: metrics::gauge!(GATE_LEVEL, "shard" => label.clone()),
+            backpressure: metrics::counter!(BACKPRESSURE_WAITS_TOTAL, "shard" => label.clone()),
+            gate_admitted: metrics::counter!(GATE_ADMITTED_TOTAL, "shard" => label, "gate" => gate),
             pending: Vec::with_capacity(if shaper_lane.is_some() { 0 } else { BURST }),
             tx,
             admission,

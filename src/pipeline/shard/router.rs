@@ -14,8 +14,12 @@ use crate::codec::{self, CodecSettings, Dedup, Reason};
 use crate::model::Priority;
 use crate::pipeline::accounting::Accounting;
 use crate::pipeline::decode::Decoded;
+use crate::pipeline::metrics::{
+    DUPLICATES_IGNORED_TOTAL, EVENTS_INVALID_TOTAL, EVENTS_RECEIVED_TOTAL,
+};
 use crate::shutdown::Drain;
 use crate::sink::dead_letter::{DeadLetter, DeadLetterSink};
+use crate::sink::metrics::DEAD_LETTER_WRITTEN_TOTAL;
 use crate::source::{AckToken, Completions, Envelope};
 use crate::stable_hash::VehicleHash;
 use rumqttc::{AsyncClient, QoS};
@@ -71,12 +75,12 @@ impl RefusalCounters {
     pub fn new() -> Self {
         Self {
             invalid: Reason::ALL
-                .map(|r| metrics::counter!("geogate_events_invalid_total", "reason" => r.as_str())),
+                .map(|r| metrics::counter!(EVENTS_INVALID_TOTAL, "reason" => r.as_str())),
             written: std::array::from_fn(|i| {
                 let reason = Reason::ALL.get(i).map_or("shed", Reason::as_str);
-                metrics::counter!("geogate_dead_letter_written_total", "reason" => reason)
+                metrics::counter!(DEAD_LETTER_WRITTEN_TOTAL, "reason" => reason)
             }),
-            window_duplicates: metrics::counter!("geogate_duplicates_ignored_total", "by" => "window"),
+            window_duplicates: metrics::counter!(DUPLICATES_IGNORED_TOTAL, "by" => "window"),
         }
     }
 }
@@ -139,7 +143,7 @@ impl<C: Clock> Router<C> {
     /// Runs until every decode lane has closed; returns the dead-letter
     /// sink for a final sync.
     pub async fn run(mut self, mut intake: mpsc::Receiver<Vec<Decoded>>) -> DeadLetterSink {
-        let received = metrics::counter!("geogate_events_received_total");
+        let received = metrics::counter!(EVENTS_RECEIVED_TOTAL);
         let mut since_flush = 0;
         while let Some(batch) = intake.recv().await {
             // Received = taken by the router: a message still in a decode

@@ -21,6 +21,7 @@
 //! connection can slip through to the next one.
 
 use crate::source::AckToken;
+use crate::source::mqtt::metrics::{MQTT_ACKS_TOTAL, MQTT_UNACKED};
 use rumqttc::{AsyncClient, ClientError, Publish};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -85,8 +86,7 @@ pub struct Acker {
 
 impl Acker {
     pub fn new(client: AsyncClient, live: Arc<LiveConnection>) -> Self {
-        let outcome =
-            |o: &'static str| metrics::counter!("geogate_mqtt_acks_total", "outcome" => o);
+        let outcome = |o: &'static str| metrics::counter!(MQTT_ACKS_TOTAL, "outcome" => o);
         Self {
             client,
             live,
@@ -96,7 +96,7 @@ impl Acker {
             acked: outcome("acked"),
             withheld_old_connection: outcome("withheld_old_connection"),
             withheld_superseded: outcome("withheld_superseded"),
-            unacked: metrics::gauge!("geogate_mqtt_unacked"),
+            unacked: metrics::gauge!(MQTT_UNACKED),
         }
     }
 

@@ -25,6 +25,7 @@
 
 pub mod acker;
 pub mod config;
+pub mod metrics;
 pub mod poll;
 
 pub use acker::{AckCounts, Acker, ConnectionId, LiveConnection, Registration};

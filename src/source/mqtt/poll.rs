@@ -34,6 +34,9 @@
 use super::acker::{ConnectionId, LiveConnection, Registration};
 use crate::backoff::Backoff;
 use crate::source::intake::Intake;
+use crate::source::mqtt::metrics::{
+    MQTT_CONNECTED, MQTT_LEFT_FOR_REDELIVERY_TOTAL, MQTT_RECONNECTS_TOTAL, MQTT_SUBSCRIBED,
+};
 use crate::source::{AckToken, Envelope};
 use rumqttc::{AsyncClient, Event, EventLoop, Outgoing, Packet, QoS, SubscribeFilter};
 use std::sync::Arc;
@@ -216,7 +219,7 @@ pub async fn poll_loop(task: PollTask) {
         intake: Some(intake),
         registrations: Some(registrations),
         next_token: 0,
-        left_for_redelivery: metrics::counter!("geogate_mqtt_left_for_redelivery_total"),
+        left_for_redelivery: metrics::counter!(MQTT_LEFT_FOR_REDELIVERY_TOTAL),
     };
     let mut backoff = Backoff::new();
     let mut connection: ConnectionId = 0;
@@ -226,10 +229,10 @@ pub async fn poll_loop(task: PollTask) {
     let mut leaving_by: Option<Instant> = None;
     // Metric handles resolved once, not per message.
     let subscribed = SubscribedFlag {
-        gauge: metrics::gauge!("geogate_mqtt_subscribed"),
+        gauge: metrics::gauge!(MQTT_SUBSCRIBED),
         watch: subscribed,
     };
-    let connected_gauge = metrics::gauge!("geogate_mqtt_connected");
+    let connected_gauge = metrics::gauge!(MQTT_CONNECTED);
     loop {
         // Shutdown: stop taking messages, then leave once acks are flushed.
         let now_phase = *phase.borrow_and_update();
@@ -353,7 +356,7 @@ pub async fn poll_loop(task: PollTask) {
                 connected_gauge.set(0.0);
                 subscribed.set(false);
                 subscription = Subscription::Idle;
-                metrics::counter!("geogate_mqtt_reconnects_total").increment(1);
+                metrics::counter!(MQTT_RECONNECTS_TOTAL).increment(1);
                 let wait = backoff.step();
                 let what = if connected {
                     format!("connection {connection} to {broker} lost")

@@ -16,6 +16,10 @@ use crate::delivery::relay::Committed;
 use crate::geofence::Transition;
 use crate::model::VehicleId;
 use crate::shutdown::Drain;
+use crate::sink::metrics::{SINK_HEALTHY, SINK_WRITE_FAILURES_TOTAL};
+use crate::state::metrics::{
+    STATE_COMMIT_BATCHES, STATE_COMMIT_DURATION_SECONDS, STATE_STORE_BYTES,
+};
 use crate::state::{Completion, Outcomes};
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -111,11 +115,11 @@ impl Committer {
     /// Runs on its own thread until every worker has gone, then waits for
     /// the relay and records its final cursors.
     pub fn run(mut self, mut requests: mpsc::Receiver<CommitRequest>) {
-        let duration = metrics::histogram!("geogate_state_commit_duration_seconds");
-        let batches_per_commit = metrics::histogram!("geogate_state_commit_batches");
-        let size = metrics::gauge!("geogate_state_store_bytes");
-        let failures = metrics::counter!("geogate_sink_write_failures_total", "sink" => "state");
-        let healthy = metrics::gauge!("geogate_sink_healthy", "sink" => "state");
+        let duration = metrics::histogram!(STATE_COMMIT_DURATION_SECONDS);
+        let batches_per_commit = metrics::histogram!(STATE_COMMIT_BATCHES);
+        let size = metrics::gauge!(STATE_STORE_BYTES);
+        let failures = metrics::counter!(SINK_WRITE_FAILURES_TOTAL, "sink" => "state");
+        let healthy = metrics::gauge!(SINK_HEALTHY, "sink" => "state");
         healthy.set(1.0);
         size.set(self.store.size_bytes() as f64);
         let mut last_size_check = Instant::now();

@@ -5,8 +5,9 @@
 use super::commit::CommitRequest;
 use super::record;
 use crate::geofence::{Evaluator, Fix, FixOutcome, VehicleSnapshot};
-use crate::metrics::SAMPLE_EVERY;
 use crate::model::VehicleId;
+use crate::sampling::SAMPLE_EVERY;
+use crate::state::metrics::{EVALUATION_DURATION_SECONDS, FENCE_TRANSITIONS_BY_FENCE_TOTAL};
 use crate::state::{Batch, BoxFuture, Completion, Outcomes, ShardState, Stopped};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -37,7 +38,7 @@ impl LocalShard {
             commits,
             durable,
             per_fence_labels,
-            eval_time: metrics::histogram!("geogate_evaluation_duration_seconds"),
+            eval_time: metrics::histogram!(EVALUATION_DURATION_SECONDS),
             evaluations: 0,
             overflow_seen: 0,
             changed: Vec::new(),
@@ -74,7 +75,7 @@ impl LocalShard {
                     crate::geofence::TransitionKind::Exit => outcomes.exits += 1,
                 }
                 if self.per_fence_labels {
-                    metrics::counter!("geogate_fence_transitions_by_fence_total", "fence" => t.fence.to_string(), "kind" => t.event.as_str()).increment(1);
+                    metrics::counter!(FENCE_TRANSITIONS_BY_FENCE_TOTAL, "fence" => t.fence.to_string(), "kind" => t.event.as_str()).increment(1);
                 }
             }
             match outcome {

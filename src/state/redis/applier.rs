@@ -11,6 +11,7 @@ use crate::geofence::{EvaluatorSettings, FenceIndex, FixOutcome};
 use crate::model::VehicleId;
 use crate::redis_link::RedisLink;
 use crate::shutdown::Drain;
+use crate::state::metrics::{STATE_COMMIT_DURATION_SECONDS, STATE_REDIS_ERRORS_TOTAL};
 use geo::Coord;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -56,8 +57,8 @@ impl SharedApplier {
             scratch: ProbeScratch::default(),
             batch: Vec::new(),
             backoff: Backoff::new(),
-            errors: metrics::counter!("geogate_state_redis_errors_total"),
-            round_trip: metrics::histogram!("geogate_state_commit_duration_seconds"),
+            errors: metrics::counter!(STATE_REDIS_ERRORS_TOTAL),
+            round_trip: metrics::histogram!(STATE_COMMIT_DURATION_SECONDS),
         }
     }
 

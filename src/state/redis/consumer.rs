@@ -24,6 +24,10 @@ use crate::delivery::writer::EventsWriter;
 use crate::geofence::{Transition, TransitionKind};
 use crate::redis_link::RedisLink;
 use crate::shutdown::Drain;
+use crate::state::metrics::{
+    OUTBOX_CLAIMED_TOTAL, OUTBOX_DELIVERED_TOTAL, OUTBOX_LAG_ENTRIES, OUTBOX_PENDING_ENTRIES,
+    STATE_REDIS_CONNECTED, STATE_REDIS_ERRORS_TOTAL, STATE_REDIS_UNAVAILABLE_SECONDS,
+};
 use redis::AsyncCommands;
 use redis::streams::{StreamAutoClaimOptions, StreamId, StreamReadOptions, StreamReadReply};
 use std::collections::HashSet;
@@ -78,15 +82,15 @@ impl OutboxConsumer {
     }
 
     async fn deliver_until(&mut self, mut stop: watch::Receiver<bool>, mut drain: Drain) {
-        let errors = metrics::counter!("geogate_state_redis_errors_total");
-        let delivered = metrics::counter!("geogate_outbox_delivered_total");
-        let claimed = metrics::counter!("geogate_outbox_claimed_total");
-        let pending_gauge = metrics::gauge!("geogate_outbox_pending_entries");
-        let lag_gauge = metrics::gauge!("geogate_outbox_lag_entries");
+        let errors = metrics::counter!(STATE_REDIS_ERRORS_TOTAL);
+        let delivered = metrics::counter!(OUTBOX_DELIVERED_TOTAL);
+        let claimed = metrics::counter!(OUTBOX_CLAIMED_TOTAL);
+        let pending_gauge = metrics::gauge!(OUTBOX_PENDING_ENTRIES);
+        let lag_gauge = metrics::gauge!(OUTBOX_LAG_ENTRIES);
         // The consumer calls Redis every pass, busy or idle, so it is the
         // one that tells whether Redis answers.
-        let connected = metrics::gauge!("geogate_state_redis_connected");
-        let unavailable = metrics::gauge!("geogate_state_redis_unavailable_seconds");
+        let connected = metrics::gauge!(STATE_REDIS_CONNECTED);
+        let unavailable = metrics::gauge!(STATE_REDIS_UNAVAILABLE_SECONDS);
         let mut failing_since: Option<Instant> = None;
         let mut backoff = Backoff::new();
         // Own pending entries first (id 0), then new ones (>).

@@ -8,6 +8,7 @@
 //! heard from within `claim_idle_s` (alert `GeogateFenceSetsDiffer`).
 
 use crate::redis_link::RedisLink;
+use crate::state::metrics::FENCE_SETS_LIVE;
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -33,7 +34,7 @@ impl FenceSets {
             ours,
             window,
             script: redis::Script::new(SCRIPT),
-            live: metrics::gauge!("geogate_fence_sets_live"),
+            live: metrics::gauge!(FENCE_SETS_LIVE),
             last_seen: BTreeMap::new(),
         }
     }
