@@ -22,7 +22,7 @@
 //! a 24-byte copy of the header ([`GridRef`]) next to each candidate so a
 //! query reaches the cell without loading the shape first.
 
-use super::ring::Position;
+use super::position::Position;
 use geo::Coord;
 
 /// What a grid cell knows about every point that maps to it.

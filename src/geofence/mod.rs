@@ -15,6 +15,7 @@ pub mod generate;
 mod grid;
 pub mod index;
 mod packed_cells;
+mod position;
 mod prefetch;
 pub mod probe;
 pub mod ring;

@@ -19,6 +19,7 @@
 //! rings on their own, as the evaluator's exact tests ask them.
 
 use super::cell_grid::{Cell, CellGrid};
+pub use super::position::Position;
 use geo::Coord;
 use geo::kernels::{Kernel, Orientation, RobustKernel};
 
@@ -40,13 +41,6 @@ pub const EARTH_RADIUS_M: f64 = 6_371_008.8;
 
 /// Metres per degree of latitude on that sphere.
 pub const METRES_PER_DEGREE: f64 = EARTH_RADIUS_M * std::f64::consts::PI / 180.0;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Position {
-    Inside,
-    Boundary,
-    Outside,
-}
 
 /// Bands over the ring's latitude span, stored as a compressed edge list.
 #[derive(Debug, Clone)]
