@@ -12,7 +12,7 @@
 # Compare builds by their times in the same round, not each by its ratio
 # to another benchmark of its own: a build's decode-only time differed by
 # up to 1.5× by the median in some runs and not in others of the same
-# binaries (BENCHMARKS.md, "Router lanes").
+# binaries (docs/decisions/0018-builds-compared-by-same-round-times.md).
 #
 # The id is matched exactly (a trailing `$`, as older commands give it, is
 # dropped). Each build runs in a process of its own through

@@ -15,7 +15,7 @@
 #   /tmp/after --bench 'containment/rtree/10000$' --measurement-time 1   # exports the points
 #   benches/alternate_containment.sh 6 /tmp/before /tmp/after
 #
-# Run from the repository root, with Shapely 2 in .venv (see BENCHMARKS.md).
+# Run from the repository root, with Shapely 2 in .venv (benches/README.md).
 set -euo pipefail
 rounds="$1"; shift
 builds=("$@")

@@ -440,8 +440,8 @@ impl Pipeline {
         }
         // Built before the lanes start, as `service::run` builds it: built
         // after, the lanes got a head start, decoding while the dead letter
-        // was opened, which the live pipeline never gets (BENCHMARKS.md,
-        // "The dead letter's start and writes").
+        // was opened, which the live pipeline never gets
+        // (docs/decisions/0011-dead-letter-start-and-writes.md).
         let router = self.router(inputs, &run);
         let decoded = geogate::pipeline::decode::start(intake, CodecSettings::default());
         // Started as `service::run` starts it, on its own thread.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 /// A vehicle's id as it appears on the wire. Inline up to 23 bytes (longer
 /// ids are shared), because every fix decodes one, and an id allocated on
 /// the decode lane and freed on another thread slowed the whole pipeline
-/// (BENCHMARKS.md, "Vehicle ids inline, topic ids borrowed").
+/// (docs/decisions/0009-inline-vehicle-ids-borrowed-topic-ids.md).
 pub type VehicleId = smol_str::SmolStr;
 
 /// A fence's stable id from its GeoJSON feature.

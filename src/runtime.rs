@@ -11,14 +11,14 @@
 //! 2–20 µs) swapping one core every 30–40 µs. A batch thread does not
 //! preempt on wake-up; it runs when a core comes free or the running
 //! thread's slice ends, and by then finds more work waiting. Measured in
-//! BENCHMARKS.md, "Threads that do not preempt on wake-up": 1.065×
+//! docs/decisions/0006-sched-batch-pipeline-threads.md: 1.065×
 //! [0.93–1.12] in-process (memory backend, 2 shards, 16 rounds, 14 of
 //! them faster), a third as many context switches, and a drain 1.09×
 //! faster.
 //!
 //! The cost: on a saturated machine a woken thread waits for a free core
 //! or the end of a slice, at each hand-off a message passes, so its ack
-//! comes later: in that section's live runs, about 1 ms more at the
+//! comes later: in that record's live runs, about 1 ms more at the
 //! median and a p99 up to 2–3× longer (tens of ms). CPU shares are
 //! unchanged (the nice value is kept), and a woken thread with an idle core
 //! beside it runs at once.

@@ -5,8 +5,9 @@
 //! Why a second reading: [`Loose`] asks serde_json for "any value" at every
 //! field, so that a wrong type can be named rather than refused; reading
 //! an ordinary payload this way instead made a decode 1.36× (native) and
-//! 1.44× (OwnTracks) faster (BENCHMARKS.md, "A typed reading of the JSON
-//! first"). Here serde_json is told each field's type. A payload
+//! 1.44× (OwnTracks) faster
+//! (docs/decisions/0004-typed-serde-json-reading-first.md). Here
+//! serde_json is told each field's type. A payload
 //! this reading refuses for any reason (bad JSON, a wrong type, an escaped
 //! string, a repeated key) is read again through [`Loose`], so every
 //! refusal keeps the reason and detail the loose reading gives it.

@@ -62,8 +62,8 @@ impl PipelineConfig {
 /// A lane per core but the router's, one on a single core, and at least
 /// two on two cores: one lane leaves decoding serial, and on 2 cores two
 /// lanes ran the in-process pipeline faster in 12 of 16 alternating
-/// rounds over two sessions, with the live drain level by the median
-/// (BENCHMARKS.md, "Two decode lanes on two cores").
+/// rounds, with the live drain level by the median
+/// (docs/decisions/0002-decode-lanes-by-topic-hash.md).
 fn default_decode_lanes(cores: usize) -> usize {
     cores
         .saturating_sub(1)

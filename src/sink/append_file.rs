@@ -140,8 +140,8 @@ impl AppendFile {
 /// `limit` bytes. Read backwards in chunks that start small: a file that
 /// ends cleanly, the usual case, is settled by its last few KiB however
 /// large it has grown (the dead letter's fixed 1 MiB tail read was most
-/// of the in-process bench's start: BENCHMARKS.md, "The dead letter's
-/// start and writes").
+/// of the in-process bench's start:
+/// docs/decisions/0011-dead-letter-start-and-writes.md).
 pub fn last_newline(file: &mut File, before: u64, limit: u64) -> io::Result<Option<u64>> {
     const FIRST_CHUNK: u64 = 4 * 1024;
     const MAX_CHUNK: u64 = 64 * 1024;

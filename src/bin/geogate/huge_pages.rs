@@ -5,7 +5,7 @@
 //! it: a freshly started geogate draining a backlog spent 15% of its
 //! samples in the kernel zeroing pages. Off, its CPU per message fell by
 //! about 10% (7–15% over three sets) while the steady-state pipeline and
-//! containment were level (BENCHMARKS.md, "Huge pages").
+//! containment were level (docs/decisions/0008-transparent-huge-pages-off.md).
 
 use std::ffi::OsString;
 

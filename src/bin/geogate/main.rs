@@ -3,8 +3,8 @@
 
 /// mimalloc rather than the system allocator: events are allocated on one
 /// thread (decode lanes) and freed on another (shard workers), where
-/// glibc's malloc spent a fifth of the pipeline's time (BENCHMARKS.md,
-/// "Allocator").
+/// glibc's malloc spent a fifth of the pipeline's time
+/// (docs/decisions/0003-mimalloc-global-allocator.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

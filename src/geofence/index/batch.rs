@@ -10,7 +10,7 @@ use geo::Coord;
 /// flight to hide a miss behind the others, few enough that a point's lines
 /// are still in cache when its next stage reads them. Measured at 10k
 /// fences against 8 and 32: no difference resolved (0.99× [0.69–1.18] and
-/// 0.99× [0.73–1.11], BENCHMARKS.md).
+/// 0.99× [0.73–1.11], docs/decisions/0010-batched-containment-lookups.md).
 const BATCH_WINDOW: usize = 16;
 
 impl FenceIndex {

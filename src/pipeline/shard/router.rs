@@ -126,10 +126,11 @@ impl<C: Clock + 'static> Router<C> {
     /// Measured in benches/pipeline.rs, with the bursts of [`ShardInput`]:
     /// +12–30% in-process throughput, 1.4 CPUs busy instead of 1.05. Since
     /// the decode lanes, a task is level with the thread (1.04× [0.96–1.09],
-    /// BENCHMARKS.md "Where a run's time goes"), so the thread stays. Nor
+    /// docs/decisions/0012-router-on-its-own-thread.md), so the thread
+    /// stays. Nor
     /// do the lanes route their own batches under a lock on the router:
-    /// 0.71× in-process, with fewer cores busy (BENCHMARKS.md, "Routing in
-    /// the lanes").
+    /// 0.71× in-process, with fewer cores busy
+    /// (docs/decisions/0012-router-on-its-own-thread.md).
     pub fn spawn(
         self,
         intake: mpsc::Receiver<Vec<Decoded>>,
@@ -162,9 +163,9 @@ impl<C: Clock> Router<C> {
             // Refusals are written once per lane batch, not with every
             // shard burst: at the bench's 1% of refusals that was a write
             // of a record or two every 128 messages, about 237 writes a
-            // run where now about 83 (BENCHMARKS.md, "The dead letter's
-            // start and writes"). A refusal still waits only for its own
-            // batch.
+            // run where now about 83
+            // (docs/decisions/0011-dead-letter-start-and-writes.md). A
+            // refusal still waits only for its own batch.
             if intake.is_empty() {
                 self.flush().await;
                 since_flush = 0;

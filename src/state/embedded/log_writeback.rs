@@ -5,8 +5,9 @@
 //! checkpoint (SQLite's automatic one every 1,000 pages, and the one when
 //! the store closes) first syncs all the log written since the previous
 //! one, while the committer, and the acks behind it, wait. Started early,
-//! that writing overlaps the run (BENCHMARKS.md, "the log's writeback
-//! started early": only the close's checkpoint was measured).
+//! that writing overlaps the run
+//! (docs/decisions/0013-state-log-writeback-started-early.md: only the
+//! close's checkpoint was measured).
 //!
 //! Only a hint: `SYNC_FILE_RANGE_WRITE` starts writing and waits for
 //! nothing, syncs no metadata and flushes no disk cache, so what a commit

@@ -1,11 +1,11 @@
 //! The embedded store: SQLite (bundled), one file, write-ahead log.
 //!
 //! Chosen over redb after measuring both on the pipeline's write pattern
-//! (BENCHMARKS.md, "State store"): SQLite's WAL with `synchronous=NORMAL`
-//! makes a commit survive a process crash with a `write()` and no fsync,
-//! which is what `fsync = "flush"` promises; redb's only crash-safe commit
-//! fsyncs. `fsync = "always"` sets `synchronous=FULL`: every commit is
-//! fsynced and survives power loss.
+//! (docs/decisions/0001-sqlite-embedded-state-store.md): SQLite's WAL with
+//! `synchronous=NORMAL` makes a commit survive a process crash with a
+//! `write()` and no fsync, which is what `fsync = "flush"` promises; redb's
+//! only crash-safe commit fsyncs. `fsync = "always"` sets
+//! `synchronous=FULL`: every commit is fsynced and survives power loss.
 //!
 //! `locking_mode=EXCLUSIVE` takes the file's lock at open and holds it, so
 //! a second geogate pointed at the same file fails at start, by name.

@@ -6,8 +6,8 @@
 //! made (dozens to hundreds in the bench's capture), and a later commit deletes
 //! them once the events file and the broker have them. As a row each, that
 //! insert and delete was about a third of the committer's CPU, and most of
-//! what the write-ahead log carried (BENCHMARKS.md, "The outbox a row per
-//! commit").
+//! what the write-ahead log carried
+//! (docs/decisions/0005-outbox-row-per-commit-and-spaced-commits.md).
 //!
 //! Layout: the run's first and last seq are the row's columns; its bytes
 //! are each entry in seq order as varint length + vehicle id, then varint

@@ -40,8 +40,9 @@ pub const MAX_BATCHES_PER_COMMIT: usize = 64;
 /// one ended. Why: most of a commit's cost is per vehicle and per page,
 /// not per batch, and the same vehicles recur from batch to batch, so a
 /// commit that takes the batches of 2 ms writes far fewer rows and pages
-/// than several taking one each (BENCHMARKS.md, "The outbox a row per
-/// commit, and commits spaced"). The price: a waiting batch is in the
+/// than several taking one each
+/// (docs/decisions/0005-outbox-row-per-commit-and-spaced-commits.md). The
+/// price: a waiting batch is in the
 /// next commit, which may start up to this much later, so its acks may
 /// wait that much longer; only under load, since a batch that arrives
 /// after a quiet spell is committed at once, and so is a full commit's

@@ -132,7 +132,7 @@ impl LocalBackend {
         // memory store: with `pipeline.sched_batch` (the default) the
         // committer's thread, woken, waits for a core instead of preempting,
         // and with a shorter queue the workers kept filling it, parking and
-        // being woken again (BENCHMARKS.md, "A longer commit queue").
+        // being woken again (docs/decisions/0007-longer-commit-queue.md).
         let (commits, commits_rx) = mpsc::channel(MAX_BATCHES_PER_COMMIT.max(ctx.shards * 4));
         let committer = Committer {
             store,

@@ -1,7 +1,8 @@
 //! A vehicle's stored state as bytes: a version byte, the last applied fix
 //! time, then length-prefixed fence ids. Binary rather than JSON because the
 //! store must hold a million vehicles in ≤ 300 bytes each and every batch
-//! encodes each vehicle it touched (BENCHMARKS.md has both figures).
+//! encodes each vehicle it touched
+//! (docs/decisions/0014-vehicle-record-binary-encoding.md has both figures).
 //!
 //! Layout (version 1): `1`, `last_fix_ms` (i64 LE), varint member count,
 //! each member as varint length + UTF-8 id, varint pending count, each
