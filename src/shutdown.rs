@@ -66,14 +66,6 @@ impl Drain {
         self.deadline().is_some_and(|d| Instant::now() + wait >= d)
     }
 
-    /// The deadline as a hot loop reads it: a lock-free check whether it
-    /// changed, and the shared lock only when it did.
-    pub fn refreshed(&mut self, cached: &mut Option<Instant>) {
-        if self.0.has_changed().unwrap_or(false) {
-            *cached = *self.0.borrow_and_update();
-        }
-    }
-
     /// Resolves once the deadline is set and has passed (never, if the
     /// pipeline went away without setting one).
     pub async fn wait(&mut self) {

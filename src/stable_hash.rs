@@ -21,7 +21,7 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 /// is fixed by how many odd bytes the id has), and the shard is the hash
 /// modulo the shard count. Changing the function moves vehicles between
 /// shards once, and loses none: the restored state is re-partitioned at
-/// start (`state::stage`). The router works it out once per fix, for the
+/// start (`pipeline::shard::split_by_shard`). The router works it out once per fix, for the
 /// shard and for the dedup window ([`crate::codec::Dedup`]), which keeps
 /// it in place of the vehicle's id. A type of its own so that the window
 /// is never handed some other vehicle's hash by mistake.

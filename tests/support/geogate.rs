@@ -22,7 +22,7 @@ pub struct GeogateProcess {
     args: Vec<String>,
     /// Run as this user id (a root test runner dropping privileges).
     uid: Option<u32>,
-    /// `GEOGATE_CRASH_POINT` for the next spawn (see `state::crash_point`).
+    /// `GEOGATE_CRASH_POINT` for the next spawn (see `crash_point`).
     crash_point: Option<String>,
     /// Arguments added to the next spawns (see [`Self::set_args`]).
     extra_args: Vec<String>,

@@ -5,7 +5,7 @@
 //! With the redis backend the events file is the truth of what this
 //! instance delivered: the outbox consumer writes and `XACK`s as without
 //! MQTT, and hands what it wrote to the publisher
-//! ([`crate::state::publisher`]), which moves the cursor only on full
+//! ([`crate::delivery::publisher`]), which moves the cursor only on full
 //! confirmation. So the broker never holds up delivery or the acks in
 //! Redis, and a crash costs at most a resend: at start everything in the
 //! file after the cursor is published again (same `id`).
