@@ -202,3 +202,116 @@ impl Backend for LocalBackend {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::geofence::{Fix, parse_fences};
+    use crate::shutdown::Drain;
+    use crate::state::{Batch, Completion, Outcomes};
+    use tokio::sync::watch;
+
+    /// Fence A (10.00–10.01°E, 50.00–50.01°N).
+    const FENCE_A: &str = r#"{"type":"FeatureCollection","features":[
+ {"type":"Feature","id":"A","properties":{},"geometry":{"type":"Polygon","coordinates":[[[10.00,50.00],[10.01,50.00],[10.01,50.01],[10.00,50.01],[10.00,50.00]]]}}]}"#;
+    const NO_FENCES: &str = r#"{"type":"FeatureCollection","features":[]}"#;
+
+    struct Told(mpsc::UnboundedSender<Outcomes>);
+
+    impl Completion for Told {
+        fn complete(self: Box<Self>, outcomes: Outcomes) {
+            let _ = self.0.send(outcomes);
+        }
+    }
+
+    fn index(text: &str) -> Arc<FenceIndex> {
+        Arc::new(FenceIndex::new(parse_fences(text).expect("valid fences")))
+    }
+
+    /// Through the seam, on the memory store: a batch's completion hears
+    /// what it came to only once the events file holds its transitions; a
+    /// fence set that changes applies from its batch on; a tick alone
+    /// completes with nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_completes_once_its_transitions_are_in_the_events_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let events = dir.path().join("events.ndjson");
+        let config = StateConfig {
+            backend: crate::state::StateBackend::Memory,
+            ..StateConfig::default()
+        };
+        let opened = crate::state::memory::open(Some(&events)).unwrap();
+        let ctx = OpenContext {
+            events: Some(events.clone()),
+            events_connection: None,
+            settings: EvaluatorSettings::default(),
+            instance: "test".into(),
+            fence_fingerprint: watch::channel(String::new()).1,
+            shards: 1,
+            per_fence_labels: false,
+            drain: Drain::never(),
+        };
+        let mut backend: Box<dyn Backend> =
+            Box::new(LocalBackend::start(opened, &config, ctx).unwrap());
+        assert!(backend.take_restored().is_empty());
+        let mut shard = backend.shard(0, index(NO_FENCES), Vec::new());
+        let (told, mut heard) = mpsc::unbounded_channel();
+        let vehicle: VehicleId = "v1".into();
+        let fix = |fix_ms| Fix {
+            vehicle: &vehicle,
+            fix_ms,
+            lat: 50.005,
+            lon: 10.005,
+            redelivered: false,
+        };
+        let lines = || std::fs::read_to_string(&events).unwrap_or_default();
+
+        // No fence yet: applied, and nothing to write.
+        let before = [fix(1_000), fix(500)];
+        let batch = Batch {
+            fences: None,
+            fixes: &before,
+            tick: None,
+        };
+        shard
+            .apply(batch, Box::new(Told(told.clone())))
+            .await
+            .unwrap();
+        let first = heard.recv().await.unwrap();
+        let applied_and_late = Outcomes {
+            evaluated: 1,
+            out_of_order: 1,
+            ..Outcomes::default()
+        };
+        assert_eq!(first, applied_and_late);
+        assert_eq!(lines(), "");
+
+        // Fence A from this batch on: the vehicle's next fix, at the same
+        // place, enters it, and the batch completes with the line written.
+        let after = [fix(2_000)];
+        let batch = Batch {
+            fences: Some(index(FENCE_A)),
+            fixes: &after,
+            tick: None,
+        };
+        shard
+            .apply(batch, Box::new(Told(told.clone())))
+            .await
+            .unwrap();
+        let second = heard.recv().await.unwrap();
+        assert_eq!((second.evaluated, second.enters), (1, 1));
+        assert!(lines().contains(r#""event":"enter""#), "{}", lines());
+
+        let tick = Batch {
+            fences: None,
+            fixes: &[],
+            tick: Some(3_000),
+        };
+        shard.apply(tick, Box::new(Told(told))).await.unwrap();
+        assert_eq!(heard.recv().await.unwrap(), Outcomes::default());
+
+        drop(shard);
+        backend.finish().await;
+        assert_eq!(lines().lines().count(), 1, "{}", lines());
+    }
+}
