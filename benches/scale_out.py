@@ -59,11 +59,12 @@ def config(client_id, backend, group):
                      ('path = "geogate-dead-letter.ndjson"', f'path = "{tmp}/dl-{client_id}.ndjson"'),
                      ('path = "config/fences.geojson"', f'path = "{FENCES}"'), ("mqtt = true ", "mqtt = false "),
                      ('# path = "geogate-events.ndjson"', f'path = "{tmp}/events-{client_id}.ndjson"'),
-                     ('# path = "geogate-state.sqlite"', f'path = "{tmp}/state-{client_id}.sqlite"'),
                      ('# backend = "embedded"', f'backend = "{backend}"'),
                      ("rate = 32000 ", "rate = 1000000 "), ("burst = 24000 ", "burst = 1000000 ")]:
         assert old in cfg, old
         cfg = cfg.replace(old, new, 1)
+    if backend == "embedded":
+        cfg = cfg.replace('# path = "geogate-state.sqlite"', f'path = "{tmp}/state-{client_id}.sqlite"', 1)
     if backend == "redis":
         state = cfg.index("[state]")
         cfg = cfg[:state] + cfg[state:].replace('# urls = ["redis://127.0.0.1:6379"]',

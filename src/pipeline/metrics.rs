@@ -1,5 +1,5 @@
 //! The metrics of the pipeline (the accounting line's terms, admission,
-//! queues, outcomes): each name written once, here, with its description;
+//! queues, finished messages): each name written once, here, with its description;
 //! the code records through these constants.
 
 use crate::sampling::SAMPLE_EVERY;
@@ -14,12 +14,10 @@ pub const QUEUE_CAPACITY: &str = "geogate_queue_capacity";
 pub const GATE_LEVEL: &str = "geogate_gate_level";
 pub const EVENTS_EVALUATED_TOTAL: &str = "geogate_events_evaluated_total";
 pub const END_TO_END_LATENCY_SECONDS: &str = "geogate_end_to_end_latency_seconds";
-pub const FENCE_TRANSITIONS_TOTAL: &str = "geogate_fence_transitions_total";
 pub const QUEUE_WATERMARK: &str = "geogate_queue_watermark";
 pub const GATE_ADMITTED_TOTAL: &str = "geogate_gate_admitted_total";
 pub const BACKPRESSURE_WAITS_TOTAL: &str = "geogate_backpressure_waits_total";
 pub const FIXES_OUT_OF_ORDER_TOTAL: &str = "geogate_fixes_out_of_order_total";
-pub const MEMBERSHIP_OVERFLOW_TOTAL: &str = "geogate_membership_overflow_total";
 pub const DUPLICATES_IGNORED_TOTAL: &str = "geogate_duplicates_ignored_total";
 pub const EVENTS_IN_QUEUE: &str = "geogate_events_in_queue";
 
@@ -68,11 +66,6 @@ pub fn describe() {
             "Receive to finished (evaluated and committed, its transitions written), sampled: one finished message in {SAMPLE_EVERY} of each shard, so the count is about 1/{SAMPLE_EVERY} of the messages finished."
         )
     );
-    describe_counter!(
-        FENCE_TRANSITIONS_TOTAL,
-        Unit::Count,
-        "Enter and exit transitions emitted."
-    );
     describe_gauge!(
         QUEUE_WATERMARK,
         Unit::Count,
@@ -92,11 +85,6 @@ pub fn describe() {
         FIXES_OUT_OF_ORDER_TOTAL,
         Unit::Count,
         "Fixes older than the vehicle's last applied fix: changed nothing (the out_of_order term of the accounting line)."
-    );
-    describe_counter!(
-        MEMBERSHIP_OVERFLOW_TOTAL,
-        Unit::Count,
-        "Enters not recorded because the vehicle already held fences.max_memberships fences."
     );
     describe_counter!(
         DUPLICATES_IGNORED_TOTAL,

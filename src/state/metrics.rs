@@ -17,6 +17,8 @@ pub const OUTBOX_LAG_ENTRIES: &str = "geogate_outbox_lag_entries";
 pub const FENCE_SETS_LIVE: &str = "geogate_fence_sets_live";
 pub const STATE_STORE_BYTES: &str = "geogate_state_store_bytes";
 pub const FENCE_TRANSITIONS_BY_FENCE_TOTAL: &str = "geogate_fence_transitions_by_fence_total";
+pub const FENCE_TRANSITIONS_TOTAL: &str = "geogate_fence_transitions_total";
+pub const MEMBERSHIP_OVERFLOW_TOTAL: &str = "geogate_membership_overflow_total";
 
 /// Describes them to the exporter.
 pub fn describe() {
@@ -87,4 +89,39 @@ pub fn describe() {
         Unit::Count,
         "Transitions per fence; only with metrics.per_fence_labels = true."
     );
+    describe_counter!(
+        FENCE_TRANSITIONS_TOTAL,
+        Unit::Count,
+        "Enter and exit transitions emitted."
+    );
+    describe_counter!(
+        MEMBERSHIP_OVERFLOW_TOTAL,
+        Unit::Count,
+        "Enters not recorded because the vehicle already held fences.max_memberships fences."
+    );
+}
+
+/// What the membership rules produced, counted as a shard's state applies
+/// each batch, by whichever backend runs the rules.
+pub struct RuleCounters {
+    transitions: [metrics::Counter; 2],
+    overflows: metrics::Counter,
+}
+
+impl Default for RuleCounters {
+    fn default() -> Self {
+        Self {
+            transitions: ["enter", "exit"]
+                .map(|kind| metrics::counter!(FENCE_TRANSITIONS_TOTAL, "kind" => kind)),
+            overflows: metrics::counter!(MEMBERSHIP_OVERFLOW_TOTAL),
+        }
+    }
+}
+
+impl RuleCounters {
+    pub fn record(&self, enters: u64, exits: u64, overflows: u64) {
+        self.transitions[0].increment(enters);
+        self.transitions[1].increment(exits);
+        self.overflows.increment(overflows);
+    }
 }

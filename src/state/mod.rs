@@ -14,9 +14,10 @@
 //! batch becomes durable:
 //!
 //! * [`local`]: the memberships in this process; a committer thread writes
-//!   each group of batches to a [`local::Store`] and hands the transitions
+//!   each group of batches to a [`local::store::Store`] and hands the
+//!   transitions
 //!   to [`crate::delivery`]. Two stores fit it:
-//!   * [`memory`]: keeps nothing (benchmarks, `eval`, throwaway runs);
+//!   * [`memory`]: keeps nothing (benchmarks, throwaway runs);
 //!   * [`embedded`]: one SQLite file (`[state] backend = "embedded"`);
 //! * [`redis`]: the memberships in Redis, shared by every instance; the
 //!   rules run server-side, and each instance delivers from its streams.
@@ -54,10 +55,10 @@ pub struct Batch<'a> {
     /// A reloaded fence set.
     pub fences: Option<Arc<FenceIndex>>,
     pub fixes: &'a [Fix<'a>],
-    /// The receive clock's reading, in unix milliseconds, at the end of
-    /// the batch. It reaches the backend even while no fix arrives, so
-    /// that rules which fire on time rather than on a fix can run; no rule
-    /// reads it yet.
+    /// The receive clock's reading, in unix milliseconds, when the batch
+    /// was cut. Every batch carries one, and an idle shard still gets a
+    /// batch with only the tick about once a second, so that rules which
+    /// fire on time rather than on a fix can run; no rule reads it yet.
     pub tick: Option<i64>,
 }
 
@@ -70,10 +71,9 @@ pub struct Outcomes {
     pub out_of_order: u64,
     /// Redeliveries of fixes already applied.
     pub duplicates: u64,
+    /// Transitions the batch produced.
     pub enters: u64,
     pub exits: u64,
-    /// Memberships past `max_memberships`, not kept.
-    pub overflows: u64,
 }
 
 /// The pipeline's side of one batch: its source positions (the messages'

@@ -7,8 +7,7 @@
 use crate::pipeline::accounting::Accounting;
 use crate::pipeline::metrics::{
     DUPLICATES_IGNORED_TOTAL, END_TO_END_LATENCY_SECONDS, EVENTS_EVALUATED_TOTAL,
-    EVENTS_INVALID_TOTAL, FENCE_TRANSITIONS_TOTAL, FIXES_OUT_OF_ORDER_TOTAL,
-    MEMBERSHIP_OVERFLOW_TOTAL,
+    EVENTS_INVALID_TOTAL, FIXES_OUT_OF_ORDER_TOTAL,
 };
 use crate::sampling::SAMPLE_EVERY;
 use crate::source::{AckToken, Completions};
@@ -25,8 +24,6 @@ pub struct ShardCounters {
     /// `geogate_events_invalid_total{reason="duplicate"}`: a redelivery the
     /// state recognised is refused as the dedup window's are.
     invalid_duplicates: metrics::Counter,
-    transitions: [metrics::Counter; 2],
-    overflows: metrics::Counter,
     latency: metrics::Histogram,
     /// Messages finished so far, for the latency's sampling stride.
     latency_seen: AtomicU64,
@@ -41,9 +38,6 @@ impl ShardCounters {
             out_of_order: metrics::counter!(FIXES_OUT_OF_ORDER_TOTAL),
             duplicates: metrics::counter!(DUPLICATES_IGNORED_TOTAL, "by" => "state"),
             invalid_duplicates: metrics::counter!(EVENTS_INVALID_TOTAL, "reason" => "duplicate"),
-            transitions: ["enter", "exit"]
-                .map(|k| metrics::counter!(FENCE_TRANSITIONS_TOTAL, "kind" => k)),
-            overflows: metrics::counter!(MEMBERSHIP_OVERFLOW_TOTAL),
             latency: metrics::histogram!(END_TO_END_LATENCY_SECONDS),
             latency_seen: AtomicU64::new(0),
             accounting,
@@ -70,9 +64,6 @@ impl Completion for Finished {
         c.out_of_order.increment(o.out_of_order);
         c.duplicates.increment(o.duplicates);
         c.invalid_duplicates.increment(o.duplicates);
-        c.transitions[0].increment(o.enters);
-        c.transitions[1].increment(o.exits);
-        c.overflows.increment(o.overflows);
         // One clock read for the batch: its messages finish together.
         let now = Instant::now();
         let first = c

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 /// Most fixes taken from the queue per batch (and so per commit request).
 const BATCH: usize = 256;
 
-/// How often the state hears the clock while the queue is quiet.
+/// How often an idle worker hands its state a batch with only the tick.
 const TICK: Duration = Duration::from_secs(1);
 
 /// Everything a worker needs besides its queue and its state.
@@ -40,10 +40,10 @@ pub async fn worker(mut rx: QueueReceiver, mut state: Box<dyn ShardState>, mut c
     let batch_limit = if pace.is_some() { 1 } else { BATCH };
     let mut next_slot = Instant::now();
     let mut batch: Vec<Admitted> = Vec::with_capacity(batch_limit);
-    let mut tick = tokio::time::interval(TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.reset();
-    let mut ticked = false;
+    // Wakes an idle worker, so that its state hears the clock.
+    let mut idle = tokio::time::interval(TICK);
+    idle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    idle.reset();
     loop {
         // One wake-up per batch, not per event: measured in
         // benches/pipeline.rs, per-event parking cost a third of the time.
@@ -51,7 +51,7 @@ pub async fn worker(mut rx: QueueReceiver, mut state: Box<dyn ShardState>, mut c
             biased;
             n = rx.recv_many(&mut batch, batch_limit) => if n == 0 { break },
             _ = ctx.drain.wait() => break,
-            _ = tick.tick() => ticked = true,
+            _ = idle.tick() => {}
         }
         if ctx.drain.passed() {
             // Past the drain deadline: what is left stays unacked.
@@ -79,7 +79,7 @@ pub async fn worker(mut rx: QueueReceiver, mut state: Box<dyn ShardState>, mut c
         let input = Batch {
             fences,
             fixes: &fixes,
-            tick: std::mem::take(&mut ticked).then(unix_ms),
+            tick: Some(unix_ms()),
         };
         let applied = state.apply(input, done).await;
         drop(fixes);

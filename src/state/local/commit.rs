@@ -99,6 +99,8 @@ pub struct CommitRequest {
     pub vehicles: Vec<VehicleChange>,
     pub transitions: Vec<Transition>,
     pub outcomes: Outcomes,
+    /// The batch's fixes: its messages, for the log.
+    pub fixes: usize,
     pub done: Box<dyn Completion>,
 }
 
@@ -155,6 +157,7 @@ impl Committer {
             batches_per_commit.record(waiting.len() as f64);
             let mut batch = CommitBatch::default();
             let mut finished = Vec::with_capacity(waiting.len());
+            let mut messages = 0;
             let first_seq = self.next_seq;
             let mut latest = LatestChanges::default();
             for request in waiting.drain(..) {
@@ -163,6 +166,7 @@ impl Committer {
                     batch.outbox.push(OutboxEntry::new(self.next_seq, t));
                     self.next_seq += 1;
                 }
+                messages += request.fixes;
                 finished.push((request.done, request.outcomes));
             }
             batch.next_seq = self.next_seq;
@@ -175,8 +179,7 @@ impl Committer {
                 self.next_seq = first_seq;
                 gave_up = true;
                 tracing::error!(
-                    "state: {} batch(es) left unacked at the drain deadline, after a commit that kept failing",
-                    finished.len()
+                    "state: {messages} message(s) left unacked at the drain deadline, after a commit that kept failing"
                 );
                 continue;
             }

@@ -7,6 +7,7 @@ use super::record;
 use crate::geofence::{Evaluator, Fix, FixOutcome, VehicleSnapshot};
 use crate::model::VehicleId;
 use crate::sampling::SAMPLE_EVERY;
+use crate::state::metrics::RuleCounters;
 use crate::state::metrics::{EVALUATION_DURATION_SECONDS, FENCE_TRANSITIONS_BY_FENCE_TOTAL};
 use crate::state::{Batch, BoxFuture, Completion, Outcomes, ShardState, Stopped};
 use std::time::{Duration, Instant};
@@ -19,6 +20,7 @@ pub struct LocalShard {
     durable: bool,
     per_fence_labels: bool,
     eval_time: metrics::Histogram,
+    rules: RuleCounters,
     /// Evaluations so far, for the sampling stride of `eval_time`.
     evaluations: u64,
     /// The evaluator's overflow count already reported.
@@ -38,6 +40,7 @@ impl LocalShard {
             commits,
             durable,
             per_fence_labels,
+            rules: RuleCounters::default(),
             eval_time: metrics::histogram!(EVALUATION_DURATION_SECONDS),
             evaluations: 0,
             overflow_seen: 0,
@@ -85,7 +88,11 @@ impl LocalShard {
             }
         }
         let overflowed = self.evaluator.stats().membership_overflow;
-        outcomes.overflows = overflowed - self.overflow_seen;
+        self.rules.record(
+            outcomes.enters,
+            outcomes.exits,
+            overflowed - self.overflow_seen,
+        );
         self.overflow_seen = overflowed;
         (outcomes, transitions)
     }
@@ -141,6 +148,7 @@ impl ShardState for LocalShard {
             done.complete(Outcomes::default());
             return Box::pin(async { Ok(()) });
         }
+        let fixes = batch.fixes.len();
         let (outcomes, transitions) = self.evaluate(batch.fixes);
         let vehicles = if self.durable {
             self.changed_records()
@@ -151,6 +159,7 @@ impl ShardState for LocalShard {
             vehicles,
             transitions,
             outcomes,
+            fixes,
             done,
         };
         Box::pin(async move { self.commits.send(request).await.map_err(|_| Stopped) })

@@ -9,6 +9,7 @@ use crate::geofence::{FenceIndex, VehicleSnapshot};
 use crate::model::VehicleId;
 use crate::shutdown::Drain;
 use crate::state::StateConfig;
+use crate::state::metrics::RuleCounters;
 use crate::state::{
     Backend, Batch, BoxFuture, Completion, OpenContext, Outcomes, ShardState, StateError, Stopped,
 };
@@ -62,6 +63,7 @@ impl Backend for RedisBackend {
         Box::new(RedisShard {
             applier: self.stage.applier(index, self.settings),
             drain: self.drain.clone(),
+            rules: RuleCounters::default(),
         })
     }
 
@@ -73,6 +75,7 @@ impl Backend for RedisBackend {
 struct RedisShard {
     applier: SharedApplier,
     drain: Drain,
+    rules: RuleCounters,
 }
 
 impl ShardState for RedisShard {
@@ -97,13 +100,14 @@ impl ShardState for RedisShard {
                 // Past the drain deadline: the batch stays unacked.
                 return Err(Stopped);
             };
+            self.rules
+                .record(counts.enters, counts.exits, counts.overflows);
             done.complete(Outcomes {
                 evaluated: counts.evaluated,
                 out_of_order: counts.out_of_order,
                 duplicates: counts.duplicates,
                 enters: counts.enters,
                 exits: counts.exits,
-                overflows: counts.overflows,
             });
             Ok(())
         })
