@@ -16,7 +16,8 @@
 //! batch applied in Redis, its messages not acked), `outbox.read` (entries
 //! taken from a stream, not yet written), `outbox.written` (lines written,
 //! the entries not yet acked, nor handed to the publisher), and
-//! `relay.before_mqtt_cursor` as above (the publisher is shared).
+//! `relay.mid_line` and `relay.before_mqtt_cursor` as above (the events
+//! file's writer and the publisher are shared by every backend).
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,62 +1,13 @@
 //! Why a state backend refuses to start, or a commit fails.
 
+use super::embedded::EmbeddedError;
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
-    #[error(
-        "state file {path} is missing, but the events file {events} already holds transitions{}: starting without the state would repeat every enter. Restore the file, or pass --reset-state to start from no memberships",
-        last_seq.map(|s| format!(" (last seq {s})")).unwrap_or_default()
-    )]
-    Missing {
-        path: PathBuf,
-        events: PathBuf,
-        last_seq: Option<u64>,
-    },
-    #[error(
-        "state file {path} is held open by another process (another geogate?); each geogate needs a state file of its own"
-    )]
-    Held { path: PathBuf },
-    #[error(
-        "state file {path} ends at seq {store_seq}, but the events file {events} already has seq {file_seq}: the state is older than the events it produced (restored from a backup, or cut short by a power loss with fsync = \"flush\"). Restore a newer state file, or pass --reset-state"
-    )]
-    Behind {
-        path: PathBuf,
-        store_seq: u64,
-        events: PathBuf,
-        file_seq: u64,
-    },
-    #[error(
-        "events file {path} has lines but none with a seq near its end, while the state has written {store_seq} transitions: it is not the file this state wrote to. Point events.path at that file, or move this one aside"
-    )]
-    EventsWithoutSeq { path: PathBuf, store_seq: u64 },
-    #[error("state file {path}: vehicle {vehicle:?}: {source}")]
-    Corrupt {
-        path: PathBuf,
-        vehicle: String,
-        source: crate::state::local::record::RecordError,
-    },
-    #[error(
-        "state file {path}: the outbox row ending at seq {last_seq}: {source}. Restore the file from a backup, or pass --reset-state to start from no memberships"
-    )]
-    CorruptOutbox {
-        path: PathBuf,
-        last_seq: u64,
-        source: crate::state::embedded::outbox_rows::OutboxRowError,
-    },
-    #[error(
-        "state file {path} has schema version {version}, written by a newer geogate; this one reads up to version {readable}. Run the newer geogate, or move the file aside and pass --reset-state to start from no memberships"
-    )]
-    Newer {
-        path: PathBuf,
-        version: i64,
-        readable: i64,
-    },
-    #[error("state file {path}: {source}")]
-    Sqlite {
-        path: PathBuf,
-        source: rusqlite::Error,
-    },
+    /// The embedded store (see [`super::embedded`]).
+    #[error(transparent)]
+    Embedded(#[from] EmbeddedError),
     #[error("state file {path}: {source}")]
     Io {
         path: PathBuf,

@@ -11,10 +11,12 @@
 //! a second geogate pointed at the same file fails at start, by name.
 
 mod config;
+mod error;
 pub mod log_writeback;
 pub mod outbox_rows;
 
 pub use config::EmbeddedConfig;
+pub use error::EmbeddedError;
 
 use super::StateError;
 use super::local::record;
@@ -59,11 +61,11 @@ pub fn open(config: &StateConfig, events: Option<&Path>) -> Result<Opened, State
         && tail.has_lines
         && let Some(events) = events
     {
-        return Err(StateError::Missing {
+        return Err(StateError::from(EmbeddedError::Missing {
             path: path.clone(),
             events: events.to_owned(),
             last_seq: tail.last_seq,
-        });
+        }));
     }
     let (store, mut recovered) = EmbeddedStore::open(path, config)?;
     let store_seq = recovered.next_seq.saturating_sub(1);
@@ -74,24 +76,31 @@ pub fn open(config: &StateConfig, events: Option<&Path>) -> Result<Opened, State
     {
         // Transitions were written, yet no line says which: the relay
         // cannot tell where to go on without repeating.
-        return Err(StateError::EventsWithoutSeq {
+        return Err(StateError::from(EmbeddedError::EventsWithoutSeq {
             path: events.to_owned(),
             store_seq,
-        });
+        }));
     }
     let file_seq = tail.last_seq.unwrap_or(0);
     if file_seq > store_seq {
         if !recovered.created {
-            return Err(StateError::Behind {
+            return Err(StateError::from(EmbeddedError::Behind {
                 path: path.clone(),
                 store_seq,
                 events: events.map(Path::to_owned).unwrap_or_default(),
                 file_seq,
-            });
+            }));
         }
         // A reset: keep numbering after the file's last line.
         recovered.next_seq = file_seq + 1;
     }
+    tracing::info!(
+        vehicles = recovered.vehicles.len(),
+        outbox = recovered.outbox.len(),
+        "state {} opened{}",
+        path.display(),
+        if recovered.created { " (new)" } else { "" }
+    );
     Ok(Opened {
         store: Box::new(store),
         recovered,
@@ -109,7 +118,7 @@ pub struct EmbeddedStore {
 impl EmbeddedStore {
     /// Opens (or, when missing or `config.reset`, creates) the file, takes
     /// its lock and reads everything committed.
-    pub fn open(path: &Path, config: &StateConfig) -> Result<(Self, Recovered), StateError> {
+    pub fn open(path: &Path, config: &StateConfig) -> Result<(Self, Recovered), EmbeddedError> {
         let mut created = !path.exists();
         let sql = |source| opening_error(path, source);
         let mut conn = Connection::open_with_flags(
@@ -139,7 +148,7 @@ impl EmbeddedStore {
             .map_err(sql)?;
         let version = upgrade(&tx, config.reset).map_err(sql)?;
         if version > SCHEMA_VERSION {
-            return Err(StateError::Newer {
+            return Err(EmbeddedError::Newer {
                 path: path.to_owned(),
                 version,
                 readable: SCHEMA_VERSION,
@@ -164,13 +173,13 @@ impl EmbeddedStore {
         Ok((store, recovered))
     }
 
-    fn read_all(&mut self, created: bool) -> Result<Recovered, StateError> {
+    fn read_all(&mut self, created: bool) -> Result<Recovered, EmbeddedError> {
         let path = self.path.clone();
-        let sql = |source| StateError::Sqlite {
+        let sql = |source| EmbeddedError::Sqlite {
             path: path.clone(),
             source,
         };
-        let meta = |key: &str| -> Result<u64, StateError> {
+        let meta = |key: &str| -> Result<u64, EmbeddedError> {
             self.conn
                 .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| {
                     r.get::<_, i64>(0)
@@ -190,7 +199,7 @@ impl EmbeddedStore {
         while let Some(row) = rows.next().map_err(sql)? {
             let id: String = row.get(0).map_err(sql)?;
             let bytes: Vec<u8> = row.get(1).map_err(sql)?;
-            let snapshot = record::decode(&bytes).map_err(|source| StateError::Corrupt {
+            let snapshot = record::decode(&bytes).map_err(|source| EmbeddedError::Corrupt {
                 path: path.clone(),
                 vehicle: id.clone(),
                 source,
@@ -209,7 +218,7 @@ impl EmbeddedStore {
         while let Some(row) = rows.next().map_err(sql)? {
             let first = row.get::<_, i64>(0).map_err(sql)?.max(0) as u64;
             let last = row.get::<_, i64>(1).map_err(sql)?.max(0) as u64;
-            let corrupt = |source| StateError::CorruptOutbox {
+            let corrupt = |source| EmbeddedError::CorruptOutbox {
                 path: path.clone(),
                 last_seq: last,
                 source,
@@ -269,7 +278,7 @@ impl EmbeddedStore {
 
 impl Store for EmbeddedStore {
     fn commit(&mut self, batch: &CommitBatch) -> Result<(), StateError> {
-        self.write(batch).map_err(|source| StateError::Sqlite {
+        self.write(batch).map_err(|source| EmbeddedError::Sqlite {
             path: self.path.clone(),
             source,
         })?;
@@ -369,12 +378,12 @@ fn stored(v: u64) -> i64 {
 }
 
 /// At open, a busy or locked file is another process holding it.
-fn opening_error(path: &Path, source: rusqlite::Error) -> StateError {
+fn opening_error(path: &Path, source: rusqlite::Error) -> EmbeddedError {
     match source.sqlite_error_code() {
-        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => StateError::Held {
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => EmbeddedError::Held {
             path: path.to_owned(),
         },
-        _ => StateError::Sqlite {
+        _ => EmbeddedError::Sqlite {
             path: path.to_owned(),
             source,
         },
@@ -545,7 +554,7 @@ mod tests {
             .err()
             .unwrap();
         assert!(
-            matches!(refused, StateError::Newer { version: 3, .. }),
+            matches!(refused, EmbeddedError::Newer { version: 3, .. }),
             "{refused}"
         );
         assert!(
@@ -605,7 +614,7 @@ mod tests {
         assert!(
             matches!(
                 refused,
-                StateError::CorruptOutbox {
+                EmbeddedError::CorruptOutbox {
                     last_seq: 9,
                     source: OutboxRowError::Cut(_),
                     ..

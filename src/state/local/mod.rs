@@ -74,15 +74,6 @@ impl LocalBackend {
             );
         }
         let durable = store.durable();
-        if durable {
-            tracing::info!(
-                vehicles = recovered.vehicles.len(),
-                outbox = recovered.outbox.len(),
-                "state {} opened{}",
-                config.embedded.path.display(),
-                if recovered.created { " (new)" } else { "" }
-            );
-        }
         // A destination that is not configured never holds the outbox back.
         let cursors = Arc::new(Cursors {
             file: AtomicU64::new(events.map_or(u64::MAX, |_| file_seq)),
