@@ -4,11 +4,13 @@
 
 use super::commit::CommitRequest;
 use super::record;
-use crate::geofence::{Evaluator, Fix, FixOutcome, VehicleSnapshot};
+use super::store::VehicleChange;
+use crate::geofence::{Evaluator, Fix, FixOutcome, Transition, TransitionKind, VehicleSnapshot};
 use crate::model::VehicleId;
 use crate::sampling::SAMPLE_EVERY;
-use crate::state::metrics::RuleCounters;
-use crate::state::metrics::{EVALUATION_DURATION_SECONDS, FENCE_TRANSITIONS_BY_FENCE_TOTAL};
+use crate::state::metrics::{
+    EVALUATION_DURATION_SECONDS, FENCE_TRANSITIONS_BY_FENCE_TOTAL, RuleCounters,
+};
 use crate::state::{Batch, BoxFuture, Completion, Outcomes, ShardState, Stopped};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -50,7 +52,7 @@ impl LocalShard {
 
     /// Evaluates the batch's fixes in order; returns what they came to and
     /// the transitions they produced.
-    fn evaluate(&mut self, fixes: &[Fix<'_>]) -> (Outcomes, Vec<crate::geofence::Transition>) {
+    fn evaluate(&mut self, fixes: &[Fix<'_>]) -> (Outcomes, Vec<Transition>) {
         let mut outcomes = Outcomes::default();
         let mut transitions = Vec::new();
         // `Some` when the batch's fences were looked up together.
@@ -74,8 +76,8 @@ impl LocalShard {
             }
             for t in &transitions[before..] {
                 match t.event {
-                    crate::geofence::TransitionKind::Enter => outcomes.enters += 1,
-                    crate::geofence::TransitionKind::Exit => outcomes.exits += 1,
+                    TransitionKind::Enter => outcomes.enters += 1,
+                    TransitionKind::Exit => outcomes.exits += 1,
                 }
                 if self.per_fence_labels {
                     metrics::counter!(FENCE_TRANSITIONS_BY_FENCE_TOTAL, "fence" => t.fence.to_string(), "kind" => t.event.as_str()).increment(1);
@@ -118,7 +120,7 @@ impl LocalShard {
     }
 
     /// The vehicles the batch changed, encoded for a durable store.
-    fn changed_records(&mut self) -> Vec<super::store::VehicleChange> {
+    fn changed_records(&mut self) -> Vec<VehicleChange> {
         self.evaluator.take_changed(&mut self.changed);
         self.changed
             .drain(..)
