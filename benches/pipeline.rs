@@ -208,7 +208,7 @@ impl Pipeline {
         shards: usize,
         run: &RunContext,
     ) -> Box<dyn Backend> {
-        geogate::state::open(
+        geogate::state::backends::open(
             state,
             OpenContext {
                 events: Some(self.events_path()),

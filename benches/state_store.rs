@@ -17,7 +17,7 @@ use geogate::config::{FsyncPolicy, StateBackend, StateConfig};
 use geogate::delivery::outbox::OutboxEntry;
 use geogate::geofence::{Transition, TransitionKind, VehicleSnapshot};
 use geogate::model::VehicleId;
-use geogate::state::embedded::EmbeddedConfig;
+use geogate::state::EmbeddedConfig;
 use geogate::state::embedded::EmbeddedStore;
 use geogate::state::local::record;
 use geogate::state::local::store::{CommitBatch, Store};

@@ -204,7 +204,7 @@ pub async fn run(
     } else {
         None
     };
-    let mut backend = crate::state::open(
+    let mut backend = crate::state::backends::open(
         &config.state,
         OpenContext {
             events: config.events.path.clone(),

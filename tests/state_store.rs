@@ -4,7 +4,7 @@
 use geogate::config::{FsyncPolicy, StateBackend, StateConfig};
 use geogate::geofence::VehicleSnapshot;
 use geogate::model::VehicleId;
-use geogate::state::embedded::EmbeddedConfig;
+use geogate::state::EmbeddedConfig;
 use geogate::state::embedded::EmbeddedStore;
 use geogate::state::local::record;
 use geogate::state::local::store::{CommitBatch, Store};

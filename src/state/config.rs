@@ -2,11 +2,10 @@
 //!
 //! The section is flat in the file (`backend`, `path`, `urls`, ...); here
 //! each backend's keys are grouped under it ([`EmbeddedConfig`],
-//! [`RedisConfig`]), checked by it, and a key that the chosen backend does
-//! not read is refused by name rather than silently ignored.
+//! [`RedisConfig`]), whose defaults and checks live in the backend's own
+//! folder, and a key that the chosen backend does not read is refused by
+//! name rather than silently ignored.
 
-use super::embedded::EmbeddedConfig;
-use super::redis::RedisConfig;
 use crate::problems::Problems;
 use crate::sink::config::FsyncPolicy;
 use serde::{Deserialize, Serialize};
@@ -63,6 +62,31 @@ impl Default for StateConfig {
             written: Vec::new(),
         }
     }
+}
+
+/// The embedded backend's keys (see `super::embedded`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmbeddedConfig {
+    /// The SQLite file: one geogate per file.
+    pub path: PathBuf,
+}
+
+/// The redis backend's keys (see `super::redis`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RedisConfig {
+    /// One node, or a Cluster's seed nodes (then `cluster = true`).
+    pub urls: Vec<String>,
+    pub cluster: bool,
+    /// Instances with the same prefix share the vehicles' state.
+    pub prefix: String,
+    /// Vehicles are spread over this many outbox streams; every instance
+    /// must use the same number (checked at start).
+    pub partitions: u32,
+    /// Another instance's undelivered transitions are taken over after it
+    /// has been silent this long.
+    pub claim_idle_s: f64,
+    /// For each connect and each reply, in milliseconds.
+    pub timeout_ms: u64,
 }
 
 /// `[state]` as the file spells it.

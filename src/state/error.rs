@@ -1,13 +1,13 @@
 //! Why a state backend refuses to start, or a commit fails.
 
-use super::embedded::EmbeddedError;
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
-    /// The embedded store (see [`super::embedded`]).
+    /// A store's own error, which names its file and what the operator
+    /// can do (the embedded store's: `super::embedded::EmbeddedError`).
     #[error(transparent)]
-    Embedded(#[from] EmbeddedError),
+    Store(Box<dyn std::error::Error + Send + Sync>),
     #[error("state file {path}: {source}")]
     Io {
         path: PathBuf,

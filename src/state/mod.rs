@@ -22,8 +22,9 @@
 //! * [`redis`]: the memberships in Redis, shared by every instance; the
 //!   rules run server-side, and each instance delivers from its streams.
 //!
-//! [`open`] is the one place that knows every backend.
+//! [`backends::open`] is the one place that knows every backend.
 
+pub mod backends;
 pub mod config;
 pub mod embedded;
 mod error;
@@ -32,7 +33,7 @@ pub mod memory;
 pub mod metrics;
 pub mod redis;
 
-pub use config::{StateBackend, StateConfig};
+pub use config::{EmbeddedConfig, RedisConfig, StateBackend, StateConfig};
 pub use error::StateError;
 
 use crate::geofence::{EvaluatorSettings, FenceIndex, Fix, VehicleSnapshot};
@@ -137,22 +138,4 @@ pub struct OpenContext {
     /// Label transition counts by fence (opt-in).
     pub per_fence_labels: bool,
     pub drain: Drain,
-}
-
-/// Opens the configured backend and starts what delivers from it. A
-/// backend that cannot start safely (a lost or stale state file, a
-/// second process on the same file, an unreachable Redis) refuses here,
-/// before anything is taken from the broker.
-pub async fn open(config: &StateConfig, ctx: OpenContext) -> Result<Box<dyn Backend>, StateError> {
-    match config.backend {
-        StateBackend::Memory => {
-            let opened = memory::open(ctx.events.as_deref())?;
-            Ok(Box::new(local::LocalBackend::start(opened, config, ctx)?))
-        }
-        StateBackend::Embedded => {
-            let opened = embedded::open(config, ctx.events.as_deref())?;
-            Ok(Box::new(local::LocalBackend::start(opened, config, ctx)?))
-        }
-        StateBackend::Redis => Ok(Box::new(redis::RedisBackend::open(config, ctx).await?)),
-    }
 }

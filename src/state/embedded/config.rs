@@ -1,13 +1,8 @@
-//! The embedded backend's keys of `[state]`.
+//! The embedded backend's keys of `[state]`: their defaults and checks.
 
 use crate::problems::Problems;
-use std::path::{Path, PathBuf};
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct EmbeddedConfig {
-    /// The SQLite file: one geogate per file.
-    pub path: PathBuf,
-}
+use crate::state::config::EmbeddedConfig;
+use std::path::Path;
 
 impl Default for EmbeddedConfig {
     fn default() -> Self {

@@ -2,6 +2,7 @@
 //! names the file and says what the operator can do.
 
 use super::outbox_rows::OutboxRowError;
+use crate::state::StateError;
 use crate::state::local::record::RecordError;
 use std::path::PathBuf;
 
@@ -60,4 +61,10 @@ pub enum EmbeddedError {
         path: PathBuf,
         source: rusqlite::Error,
     },
+}
+
+impl From<EmbeddedError> for StateError {
+    fn from(e: EmbeddedError) -> Self {
+        StateError::Store(Box::new(e))
+    }
 }

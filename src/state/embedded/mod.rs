@@ -15,7 +15,6 @@ mod error;
 pub mod log_writeback;
 pub mod outbox_rows;
 
-pub use config::EmbeddedConfig;
 pub use error::EmbeddedError;
 
 use super::StateError;
@@ -393,7 +392,7 @@ fn opening_error(path: &Path, source: rusqlite::Error) -> EmbeddedError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::StateBackend;
+    use crate::state::{EmbeddedConfig, StateBackend};
 
     fn config(dir: &Path) -> StateConfig {
         StateConfig {

@@ -1,25 +1,9 @@
-//! The redis backend's keys of `[state]`.
+//! The redis backend's keys of `[state]`: their defaults and checks.
 
 use crate::problems::Problems;
 use crate::redis_link::check_redis_urls;
+use crate::state::config::RedisConfig;
 use std::path::Path;
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct RedisConfig {
-    /// One node, or a Cluster's seed nodes (then `cluster = true`).
-    pub urls: Vec<String>,
-    pub cluster: bool,
-    /// Instances with the same prefix share the vehicles' state.
-    pub prefix: String,
-    /// Vehicles are spread over this many outbox streams; every instance
-    /// must use the same number (checked at start).
-    pub partitions: u32,
-    /// Another instance's undelivered transitions are taken over after it
-    /// has been silent this long.
-    pub claim_idle_s: f64,
-    /// For each connect and each reply, in milliseconds.
-    pub timeout_ms: u64,
-}
 
 impl Default for RedisConfig {
     fn default() -> Self {

@@ -21,7 +21,6 @@ mod stage;
 
 pub use applier::{BatchCounts, SharedApplier};
 pub use backend::RedisBackend;
-pub use config::RedisConfig;
 pub use script::{Applied, SharedRules, SharedStateError};
 pub use stage::SharedStage;
 
