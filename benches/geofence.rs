@@ -137,6 +137,8 @@ fn evaluator(c: &mut Criterion) {
             lat: p.y,
             lon: p.x,
             redelivered: false,
+            received_ms: t,
+            digest: t as u64,
         };
         for (name, batched) in [("per_fix", false), ("batch_covered", true)] {
             group.bench_function(BenchmarkId::new(name, n), |b| {

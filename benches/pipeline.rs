@@ -25,6 +25,7 @@ use geogate::pipeline::accounting::{Accounting, Balance};
 use geogate::pipeline::decode::Decoded;
 use geogate::pipeline::shard::completion::ShardCounters;
 use geogate::pipeline::shard::queue::{QueueReceiver, QueueSender, queue};
+use geogate::pipeline::shard::router::LateFix;
 use geogate::pipeline::shard::{RefusalCounters, Router, ShardInput, WorkerContext, worker};
 use geogate::replay::capture;
 use geogate::shutdown::Drain;
@@ -170,6 +171,7 @@ impl Pipeline {
                 shard,
                 run.accounting.clone(),
                 run.completions.clone(),
+                run.late_sender(),
             )),
             sustained_rate: 0.0,
             drain: run.drain.clone(),
@@ -198,6 +200,7 @@ impl Pipeline {
             drain: run.drain.clone(),
             refused: Vec::new(),
             counters: RefusalCounters::new(),
+            late: run.late_receiver(),
         }
     }
 
@@ -485,17 +488,40 @@ struct RunContext {
     completions: Completions,
     _finished: mpsc::UnboundedReceiver<geogate::source::AckToken>,
     drain: Drain,
+    /// The late fixes' channel from the workers to the router: the router
+    /// takes the receiver and, with it, this sender (it waits for every
+    /// sender to go), so workers are built first, as `service::run` does.
+    late: std::sync::Mutex<(Option<LateSender>, Option<mpsc::UnboundedReceiver<LateFix>>)>,
 }
+
+type LateSender = mpsc::UnboundedSender<LateFix>;
 
 impl RunContext {
     fn new() -> Self {
         let (completions, finished) = Completions::channel();
+        let (late_tx, late_rx) = mpsc::unbounded_channel();
         Self {
             accounting: Arc::new(Accounting::default()),
             completions,
             _finished: finished,
             drain: Drain::never(),
+            late: std::sync::Mutex::new((Some(late_tx), Some(late_rx))),
         }
+    }
+
+    /// A sender for a worker (one to a closed channel once the router has
+    /// taken the receiver: workers started alone).
+    fn late_sender(&self) -> LateSender {
+        let late = self.late.lock().expect("not poisoned");
+        late.0
+            .clone()
+            .unwrap_or_else(|| mpsc::unbounded_channel().0)
+    }
+
+    fn late_receiver(&self) -> mpsc::UnboundedReceiver<LateFix> {
+        let mut late = self.late.lock().expect("not poisoned");
+        late.0 = None;
+        late.1.take().unwrap_or_else(|| mpsc::unbounded_channel().1)
     }
 }
 

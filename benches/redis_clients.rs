@@ -49,9 +49,11 @@ fn facts(rules: &SharedRules, c: usize, g: u64) -> (u32, Vec<FixFacts>) {
             Vec::new()
         };
         fixes.push(FixFacts {
+            index: fixes.len(),
             vehicle: vehicle.into(),
             fix_ms: 1_750_000_000_000 + g as i64 * 1000,
             redelivered: false,
+            digest: g as u64,
             probe: FenceProbe {
                 containing,
                 near: Vec::new(),

@@ -39,7 +39,9 @@ fn state_bytes(i: usize, t: i64) -> Vec<u8> {
     let snapshot = VehicleSnapshot {
         last_fix_ms: t,
         members: (0..i % 3).map(|f| format!("depot-{f}").into()).collect(),
-        pending: Vec::new(),
+        last_digests: vec![i as u64],
+        last_heard_ms: t,
+        ..VehicleSnapshot::default()
     };
     let mut bytes = Vec::new();
     record::encode(&snapshot, &mut bytes);
@@ -62,6 +64,8 @@ fn batch(n: usize, first_seq: u64) -> CommitBatch {
                 fence: "depot-1".into(),
                 event: TransitionKind::Enter,
                 ts: t,
+                cause: None,
+                received_ms: t,
             };
             OutboxEntry::new(first_seq + k as u64, &transition)
         })

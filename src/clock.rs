@@ -90,6 +90,34 @@ impl Clock for ManualClock {
     }
 }
 
+/// The receive clock: when geogate received a message, in unix
+/// milliseconds. Liveness (idle expiry), the reorder window and the check
+/// of device clocks run on it, never on fix times. It is the wall clock
+/// read once, at first use, and carried forward on the monotonic clock, so
+/// an NTP step mid-run cannot move it backwards or jump it; the next start
+/// reads the wall clock again.
+pub fn receive_ms(at: Instant) -> i64 {
+    static ANCHOR: std::sync::OnceLock<(Instant, i64)> = std::sync::OnceLock::new();
+    let &(anchor, anchor_ms) = ANCHOR.get_or_init(|| {
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        (Instant::now(), wall)
+    });
+    // Signed nanoseconds, floored to milliseconds, so that instants on
+    // either side of the anchor are spaced exactly.
+    let offset_ns = match at.checked_duration_since(anchor) {
+        Some(after) => after.as_nanos() as i128,
+        None => -(anchor.duration_since(at).as_nanos() as i128),
+    };
+    anchor_ms.saturating_add(offset_ns.div_euclid(1_000_000) as i64)
+}
+
+/// [`receive_ms`] now.
+pub fn receive_now_ms() -> i64 {
+    receive_ms(Instant::now())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,6 +132,15 @@ mod tests {
         assert_eq!(a.now(), 15);
         b.set(40);
         assert_eq!(a.now(), 40);
+    }
+
+    #[test]
+    fn the_receive_clock_follows_instants() {
+        let earlier = Instant::now();
+        let now = receive_now_ms();
+        let later = earlier + std::time::Duration::from_millis(1500);
+        assert_eq!(receive_ms(later) - receive_ms(earlier), 1500);
+        assert!(now >= receive_ms(earlier));
     }
 
     #[test]

@@ -158,6 +158,27 @@ impl Config {
             &mut problems,
         );
         self.metrics.check(&mut problems);
+        if self.state.backend == StateBackend::Redis
+            && self.pipeline.reorder_window_ms.is_some_and(|w| w > 0)
+        {
+            problems.add(
+                "pipeline.reorder_window_ms",
+                "the redis state backend applies each fix on arrival and has no reorder window; leave it unset (or 0), or use state.backend = \"embedded\"",
+            );
+        }
         problems.into_vec()
+    }
+
+    /// The membership rules' settings: the fences' own, and the reorder
+    /// window the pipeline asks for (its default depends on the backend).
+    pub fn evaluator_settings(&self) -> crate::geofence::EvaluatorSettings {
+        let window = self.pipeline.reorder_window_ms.unwrap_or(match self.state.backend {
+            StateBackend::Redis => 0,
+            _ => crate::pipeline::config::DEFAULT_REORDER_WINDOW_MS,
+        });
+        crate::geofence::EvaluatorSettings {
+            reorder_window_ms: i64::try_from(window).unwrap_or(i64::MAX),
+            ..self.fences.settings()
+        }
     }
 }

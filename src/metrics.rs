@@ -8,7 +8,8 @@
 use crate::pipeline::metrics::{
     BACKPRESSURE_WAITS_TOTAL, DUPLICATES_IGNORED_TOTAL, EVENTS_ADMITTED_TOTAL,
     EVENTS_EVALUATED_TOTAL, EVENTS_IN_QUEUE, EVENTS_INVALID_TOTAL, EVENTS_RECEIVED_TOTAL,
-    EVENTS_SHED_TOTAL, FIXES_OUT_OF_ORDER_TOTAL, GATE_LEVEL, QUEUE_DEPTH,
+    EVENTS_SHED_TOTAL, FIXES_HELD_TOTAL, FIXES_LATE_TOTAL, GATE_LEVEL, MESSAGES_IGNORED_TOTAL,
+    QUEUE_DEPTH,
 };
 use crate::problems::Problems;
 use crate::sink::metrics::{
@@ -93,17 +94,25 @@ pub fn register_zero_series(shards: usize, gate: &'static str) {
         EVENTS_RECEIVED_TOTAL,
         MQTT_RECONNECTS_TOTAL,
         MQTT_LEFT_FOR_REDELIVERY_TOTAL,
-        FIXES_OUT_OF_ORDER_TOTAL,
+        FIXES_LATE_TOTAL,
+        FIXES_HELD_TOTAL,
         DEAD_LETTER_RECORDS_DELETED_TOTAL,
         MEMBERSHIP_OVERFLOW_TOTAL,
     ] {
         metrics::counter!(name).increment(0);
     }
     for reason in Reason::ALL {
-        metrics::counter!(EVENTS_INVALID_TOTAL, "reason" => reason.as_str()).increment(0);
-        metrics::counter!(DEAD_LETTER_WRITTEN_TOTAL, "reason" => reason.as_str()).increment(0);
+        if reason.is_ignored() {
+            metrics::counter!(MESSAGES_IGNORED_TOTAL, "reason" => reason.as_str()).increment(0);
+        } else {
+            metrics::counter!(EVENTS_INVALID_TOTAL, "reason" => reason.as_str()).increment(0);
+            metrics::counter!(DEAD_LETTER_WRITTEN_TOTAL, "reason" => reason.as_str())
+                .increment(0);
+        }
     }
-    metrics::counter!(DEAD_LETTER_WRITTEN_TOTAL, "reason" => "shed").increment(0);
+    for reason in ["shed", "late"] {
+        metrics::counter!(DEAD_LETTER_WRITTEN_TOTAL, "reason" => reason).increment(0);
+    }
     for kind in ["enter", "exit"] {
         metrics::counter!(FENCE_TRANSITIONS_TOTAL, "kind" => kind).increment(0);
     }

@@ -148,7 +148,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
     on_ready: impl FnOnce(FenceReloader, PipelineView),
 ) -> Result<Balance, ServiceError> {
-    let settings = config.fences.settings();
+    let settings = config.evaluator_settings();
     let fence_text = read_fence_file(&config.fences.path)?;
     let fences = parse_fences(&fence_text)?;
     tracing::info!(fences = fences.len(), "fences loaded");
@@ -259,6 +259,7 @@ pub async fn run(
     let mut inputs = Vec::with_capacity(shard_count);
     let mut queues = Vec::with_capacity(shard_count);
     let mut workers = Vec::with_capacity(shard_count);
+    let (late_tx, late_rx) = mpsc::unbounded_channel();
     for shard in 0..shard_count {
         let (tx, rx) = shard::queue::queue(capacity);
         queues.push(tx.fill_view());
@@ -289,6 +290,7 @@ pub async fn run(
                 shard,
                 accounting.clone(),
                 completions.clone(),
+                late_tx.clone(),
             )),
             sustained_rate: config.pipeline.sustained_rate,
             drain: drain.clone(),
@@ -307,7 +309,9 @@ pub async fn run(
         drain,
         refused: Vec::new(),
         counters: RefusalCounters::new(),
+        late: late_rx,
     };
+    drop(late_tx);
     let decoded = decode::start(intake_lanes, config.codec.clone());
     let router = router.spawn(decoded);
     let (subscribed_tx, subscribed_rx) = watch::channel(false);

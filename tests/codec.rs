@@ -1,9 +1,8 @@
 //! Decoding: both formats, the priority rule, and one precise reason per
 //! kind of bad input.
 
-use geogate::codec::{CodecSettings, Dedup, Reason, decode};
-use geogate::model::{Priority, Telemetry};
-use geogate::stable_hash::VehicleHash;
+use geogate::codec::{CodecSettings, Dedup, Reason, decode, message_digest};
+use geogate::model::Priority;
 
 fn settings() -> CodecSettings {
     CodecSettings::default()
@@ -70,7 +69,8 @@ fn every_bad_input_gets_its_reason() {
             br#"{"vehicle":"v","ts":1700000000000,"lat":1"#.to_vec(),
             Reason::MalformedJson,
         ),
-        ("fleet/v/telemetry", b"".to_vec(), Reason::MalformedJson),
+        ("fleet/v/telemetry", b"".to_vec(), Reason::RetainedClear),
+        ("fleet/v/telemetry", b" ".to_vec(), Reason::MalformedJson),
         (
             "fleet/v/telemetry",
             vec![0xff, 0xfe, b'{'],
@@ -176,7 +176,17 @@ fn every_bad_input_gets_its_reason() {
         (
             "fleet/v/telemetry",
             br#"{"_type":"waypoint","lat":1,"lon":1}"#.to_vec(),
-            Reason::UnknownFormat,
+            Reason::NotALocation,
+        ),
+        (
+            "owntracks/ann/phone",
+            br#"{"_type":null,"lat":1,"lon":1,"tst":1700000000}"#.to_vec(),
+            Reason::WrongType,
+        ),
+        (
+            "owntracks/ann/phone",
+            br#"{"_type":7,"lat":1,"lon":1,"tst":1700000000}"#.to_vec(),
+            Reason::WrongType,
         ),
         (
             "fleet/v/telemetry",
@@ -223,22 +233,52 @@ fn every_bad_input_gets_its_reason() {
     }
 }
 
-/// As the router asks: with the vehicle's routing hash.
-fn first_sighting(dedup: &mut Dedup, fix: &Telemetry) -> bool {
-    dedup.first_sighting(&fix.vehicle, VehicleHash::of(&fix.vehicle), fix.fix_time_ms)
+/// As the router asks: by the message's digest.
+fn first_sighting(dedup: &mut Dedup, topic: &str, payload: &[u8]) -> bool {
+    dedup.first_sighting(message_digest(topic, payload))
 }
 
+/// A redelivery is the same message again; two different fixes of one
+/// vehicle in the same second (an event report and a periodic one) are
+/// not, and neither is a High event after a Low ping of the same time.
 #[test]
-fn redeliveries_are_recognised() {
+fn redeliveries_are_recognised_and_same_time_fixes_are_not() {
     let mut dedup = Dedup::new(100);
-    let t = decode(
-        "x",
-        br#"{"vehicle":"v1","ts":1700000000000,"lat":1,"lon":2}"#,
-        &settings(),
-    )
-    .unwrap();
-    assert!(first_sighting(&mut dedup, &t));
-    assert!(!first_sighting(&mut dedup, &t));
+    let topic = "fleet/v1/telemetry";
+    let ping = br#"{"vehicle":"v1","ts":1700000000000,"lat":1,"lon":2,"kind":"ping"}"#;
+    let moved = br#"{"vehicle":"v1","ts":1700000000000,"lat":1.001,"lon":2,"kind":"move"}"#;
+    assert!(first_sighting(&mut dedup, topic, ping));
+    assert!(!first_sighting(&mut dedup, topic, ping));
+    assert!(first_sighting(&mut dedup, topic, moved));
+    assert!(!first_sighting(&mut dedup, topic, moved));
+    let (p, m) = (
+        decode(topic, ping, &settings()).unwrap(),
+        decode(topic, moved, &settings()).unwrap(),
+    );
+    assert_eq!((p.vehicle, p.fix_time_ms), (m.vehicle, m.fix_time_ms));
+    assert_eq!((p.priority, m.priority), (Priority::Low, Priority::High));
+}
+
+/// A device clock too far ahead of the receive clock is refused with both
+/// times named; a fix far in the past is not (it is late data).
+#[test]
+fn a_clock_ahead_is_refused_and_a_clock_behind_is_not() {
+    let s = settings();
+    let received = 1_765_000_000_000;
+    let ahead = received + 365 * 86_400_000;
+    let err = s.check_clock(ahead, received).unwrap_err();
+    assert_eq!(err.reason, Reason::ClockAhead);
+    assert!(
+        err.detail.contains(&ahead.to_string()) && err.detail.contains(&received.to_string()),
+        "{}",
+        err.detail
+    );
+    let limit_ms = (s.max_clock_ahead_s * 1000.0) as i64;
+    assert!(s.check_clock(received + limit_ms, received).is_ok());
+    assert!(s.check_clock(received + limit_ms + 1, received).is_err());
+    // A GPS week rollover: 1024 weeks (19.6 years) behind.
+    let rollover = received - 1024 * 7 * 86_400_000;
+    assert!(s.check_clock(rollover, received).is_ok());
 }
 
 /// README's table of reasons, row by row: each example payload gets the
@@ -267,7 +307,15 @@ fn readme_reason_table_matches_the_codec() {
         let payload = cells[2].trim();
         covered.push(reason.clone());
         match reason.as_str() {
-            "shed" => continue,
+            // Not the codec's: the gate's and the state's.
+            "shed" | "late" => continue,
+            "retained_clear" => {
+                assert_eq!(
+                    decode(&topic, b"", &s).unwrap_err().reason,
+                    Reason::RetainedClear
+                );
+                continue;
+            }
             "oversize" => {
                 let big = vec![b' '; s.max_payload_bytes + 1];
                 assert_eq!(
@@ -284,9 +332,16 @@ fn readme_reason_table_matches_the_codec() {
             .unwrap_or_else(|| panic!("row {reason} has a payload in backticks"));
         if reason == "duplicate" {
             let mut dedup = Dedup::new(16);
+            decode(&topic, payload.as_bytes(), &s).expect("a valid fix");
+            assert!(first_sighting(&mut dedup, &topic, payload.as_bytes()));
+            assert!(!first_sighting(&mut dedup, &topic, payload.as_bytes()));
+            continue;
+        }
+        if reason == "clock_ahead" {
             let fix = decode(&topic, payload.as_bytes(), &s).expect("a valid fix");
-            assert!(first_sighting(&mut dedup, &fix));
-            assert!(!first_sighting(&mut dedup, &fix));
+            let received = fix.fix_time_ms - 3_600_000;
+            let err = s.check_clock(fix.fix_time_ms, received).unwrap_err();
+            assert_eq!(err.reason, Reason::ClockAhead);
             continue;
         }
         let err = decode(&topic, payload.as_bytes(), &s).expect_err(payload);
@@ -294,6 +349,7 @@ fn readme_reason_table_matches_the_codec() {
     }
     let mut all: Vec<String> = Reason::ALL.iter().map(|r| r.as_str().to_owned()).collect();
     all.push("shed".into());
+    all.push("late".into());
     all.sort();
     covered.sort();
     assert_eq!(covered, all, "one row per reason");
@@ -592,4 +648,75 @@ fn an_array_and_bad_utf8_in_an_ignored_field_are_refused() {
         bad.detail,
         format!("not UTF-8: invalid byte at offset {}", valid.len())
     );
+}
+
+/// Real OwnTracks traffic, from the OwnTracks apps' and Recorder's own
+/// fixtures and documentation (`tests/golden/owntracks_corpus.md` cites
+/// each source): every message gets the outcome its line expects. A
+/// location is a fix even with iOS's `vel: -1` and `cog: -1` (unknown);
+/// every other message type is ignored as `not_a_location` with its type
+/// named; an empty payload is a retained-message clear.
+#[test]
+fn the_owntracks_corpus_decodes_as_real_devices_mean_it() {
+    let corpus = std::fs::read_to_string("tests/golden/owntracks_corpus.jsonl")
+        .expect("tests/golden/owntracks_corpus.jsonl");
+    let s = settings();
+    let mut by_expectation = std::collections::BTreeMap::<String, usize>::new();
+    for (n, line) in corpus.lines().enumerate() {
+        let entry: serde_json::Value = serde_json::from_str(line).expect("a corpus line");
+        let field = |k: &str| entry[k].as_str().unwrap_or_else(|| panic!("line {}: {k}", n + 1));
+        let (source, topic, payload, expect) = (
+            field("source"),
+            field("topic"),
+            field("payload"),
+            field("expect"),
+        );
+        let decoded = decode(topic, payload.as_bytes(), &s);
+        let (kind, named) = expect.split_once(':').unwrap_or((expect, ""));
+        *by_expectation.entry(kind.to_owned()).or_default() += 1;
+        match (kind, &decoded) {
+            ("fix", Ok(fix)) => {
+                assert!(!fix.vehicle.is_empty(), "{source}");
+                if let Some(vel) = fix.speed_kmh {
+                    assert!(vel >= 0.0, "{source}: a negative speed is unknown, not {vel}");
+                }
+            }
+            (reason, Err(e)) if e.reason.as_str() == reason => {
+                if reason == "not_a_location" {
+                    assert!(
+                        e.detail.contains(named) && !e.detail.contains("Str("),
+                        "{source}: {}",
+                        e.detail
+                    );
+                }
+            }
+            _ => panic!("{source}: expected {expect}, got {decoded:?}"),
+        }
+    }
+    for kind in ["fix", "not_a_location", "retained_clear"] {
+        assert!(by_expectation.contains_key(kind), "{by_expectation:?}");
+    }
+    assert!(by_expectation.values().sum::<usize>() >= 100, "{by_expectation:?}");
+}
+
+/// The iOS track the OwnTracks Recorder ships (`etc/demo-iphone.rec`):
+/// every location in it is a fix, though most report `vel: -1`.
+#[test]
+fn ios_unknown_speed_and_course_are_not_errors() {
+    let s = settings();
+    let fix = decode(
+        "owntracks/jane/phone",
+        br#"{"_type":"location","tst":1440363922,"lat":46.0,"lon":7.0,"vel":-1,"cog":-1,"t":"u"}"#,
+        &s,
+    )
+    .expect("a fix");
+    assert_eq!(fix.speed_kmh, None);
+    let encrypted = decode(
+        "owntracks/jane/phone",
+        br#"{"_type":"encrypted","data":"abc"}"#,
+        &s,
+    )
+    .unwrap_err();
+    assert_eq!(encrypted.reason, Reason::NotALocation);
+    assert!(encrypted.detail.contains("cannot read encrypted"), "{}", encrypted.detail);
 }

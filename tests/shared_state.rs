@@ -8,7 +8,7 @@ mod support;
 use geo::Coord;
 use geogate::geofence::probe::{ProbeScratch, probe, widest_band};
 use geogate::geofence::{
-    Evaluator, EvaluatorSettings, FenceIndex, FixOutcome, Transition, parse_fences,
+    Evaluator, EvaluatorSettings, Fix, FenceIndex, FixOutcome, Transition, parse_fences,
 };
 use geogate::model::VehicleId;
 use geogate::redis_link::RedisLink;
@@ -152,9 +152,11 @@ async fn compare(
                 .push((
                     i,
                     FixFacts {
+                        index: i,
                         vehicle: vehicle.clone(),
                         fix_ms: *ts,
                         redelivered: *dup,
+                        digest: Fix::position_digest(*ts, p.y, p.x),
                         probe: probe(index, &settings, widest, *p, &mut scratch),
                     },
                 ));
@@ -228,6 +230,7 @@ fn settings() -> EvaluatorSettings {
         // Small, so that overlapping fences overflow it.
         max_memberships: 2,
         idle_expiry_ms: 24 * 3600 * 1000,
+        reorder_window_ms: 0,
     }
 }
 

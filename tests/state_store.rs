@@ -22,6 +22,9 @@ fn snapshot(i: usize) -> VehicleSnapshot {
         } else {
             Vec::new()
         },
+        last_digests: vec![i as u64 * 0x9e37_79b9_7f4a_7c15],
+        last_heard_ms: 1_772_427_600_500 + i as i64,
+        window: Vec::new(),
     }
 }
 

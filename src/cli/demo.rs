@@ -340,7 +340,7 @@ fn render(
             },
             Series {
                 name: "admitted".into(),
-                points: rate(|b| b.evaluated + b.out_of_order + b.in_queue),
+                points: rate(|b| b.evaluated + b.held + b.late + b.in_queue),
                 color: PALETTE[2],
             },
             Series {
@@ -393,18 +393,22 @@ fn render(
         &[
             "received",
             "invalid",
+            "ignored",
             "shed",
             "evaluated",
-            "out_of_order",
+            "held",
+            "late",
             "in_queue",
             "balanced",
         ],
         &[vec![
             balance.received.to_string(),
             balance.invalid.to_string(),
+            balance.ignored.to_string(),
             balance.shed.to_string(),
             balance.evaluated.to_string(),
-            balance.out_of_order.to_string(),
+            balance.held.to_string(),
+            balance.late.to_string(),
             balance.in_queue.to_string(),
             balance.balances().to_string(),
         ]],

@@ -28,8 +28,9 @@ pub struct SkippedLine {
 pub struct EvalReport {
     pub lines: usize,
     pub evaluated: u64,
-    pub out_of_order: u64,
-    /// Repeats of a (vehicle, fix time) already applied.
+    /// Fixes older than their vehicle's last applied fix: no transition.
+    pub late: u64,
+    /// Repeats of a fix (same vehicle, time and position) already applied.
     pub duplicates: u64,
     pub transitions: u64,
     pub skipped: usize,
@@ -94,7 +95,7 @@ pub fn evaluate_positions(
     report.skipped = report.skipped_lines.len();
     report.evaluator = evaluator.stats();
     report.evaluated = report.evaluator.evaluated;
-    report.out_of_order = report.evaluator.out_of_order;
+    report.late = report.evaluator.late;
     report.duplicates = report.evaluator.duplicates;
     Ok(report)
 }

@@ -1,31 +1,24 @@
-//! Redelivery filter: remembers the last `capacity` (vehicle, fix time)
-//! pairs. After a reconnect or a crash the broker redelivers unacked QoS 1
-//! messages; each one is recognised here and counted as `duplicate` instead
-//! of being evaluated twice. Bounded: the oldest key is forgotten first.
+//! Redelivery filter: remembers the last `capacity` messages by their
+//! digest ([`super::message_digest`]: topic and payload bytes). After a
+//! reconnect or a crash the broker redelivers unacked QoS 1 messages; each
+//! one is recognised here and counted as `duplicate` instead of being
+//! evaluated twice. Bounded: the oldest key is forgotten first.
+//!
+//! The key is the message, not (vehicle, fix time): two different fixes in
+//! the same second (an event report and a periodic one, OwnTracks' 1 s
+//! `tst`) are two fixes, and a message that was shed or refused never
+//! makes a later, different one a duplicate.
 
-use crate::stable_hash::VehicleHash;
 use hashbrown::HashTable;
-use std::hash::BuildHasher;
 
-/// One remembered key: the fix time and two hashes of the vehicle, no
-/// copy of its id. Why: when ids were shared allocations, a window holding
-/// 65,536 of them kept that many alive and touched each one's cold
-/// reference count again to forget it; an inline id (24 bytes) would still
-/// make the key larger than these hashes.
-///
-/// Two keys are one when the fix times are equal and both hashes agree: a
-/// foldhash of (vehicle, fix time) under a per-process random seed, and the
-/// vehicle's routing hash ([`VehicleHash`]). For two real vehicles that
-/// is a collision of two 64-bit hashes at once. Neither resists inputs
-/// chosen to collide (foldhash says so; the routing hash is unkeyed), but a
-/// client that can publish can forge fixes outright. A false duplicate is
-/// dead-lettered, not evaluated: its transitions would come only from
-/// replaying the dead letter.
+/// One remembered key: the message's 64-bit digest. Two messages are one
+/// when their digests agree: for two different real messages a 2⁻⁶⁴
+/// chance. xxh3 does not resist inputs chosen to collide, but a client
+/// that can publish can forge messages outright; and a false duplicate is
+/// dead-lettered, not lost.
 #[derive(Debug)]
 struct Key {
-    fix_ms: i64,
-    seeded_hash: u64,
-    routing: VehicleHash,
+    digest: u64,
 }
 
 /// The window is a ring of keys in arrival order, and a hash table of ring
@@ -34,15 +27,13 @@ struct Key {
 /// (a 65,536-key window is a 3 MB table) plus a second string hash to
 /// forget each oldest key cost cache misses per message. Here the table is
 /// 0.5–1 MB for the same window, a new key touches the table and its ring
-/// slot, and the evicted key is found by its seeded hash and slot number.
+/// slot, and the evicted key is found by its digest and slot number.
 #[derive(Debug)]
 pub struct Dedup {
     slots: HashTable<u32>,
     ring: Vec<Key>,
     /// The slot the next key goes to; once the ring is full, the oldest.
     next: usize,
-    /// foldhash, seeded per process (see `geofence::evaluator`).
-    hasher: foldhash::fast::RandomState,
     capacity: usize,
 }
 
@@ -63,35 +54,27 @@ impl Dedup {
             slots: HashTable::with_capacity(preallocated),
             ring: Vec::with_capacity(preallocated),
             next: 0,
-            hasher: Default::default(),
             capacity,
         }
     }
 
-    /// True the first time a key is seen within the window; `routing` is
-    /// `vehicle`'s own.
-    pub fn first_sighting(&mut self, vehicle: &str, routing: VehicleHash, fix_ms: i64) -> bool {
+    /// True the first time a message's digest is seen within the window.
+    pub fn first_sighting(&mut self, digest: u64) -> bool {
         if self.capacity == 0 {
             return true;
         }
-        let seeded_hash = self.hasher.hash_one((vehicle, fix_ms));
         let ring = &self.ring;
-        let seen = self.slots.find(seeded_hash, |&slot| {
-            let key = &ring[slot as usize];
-            key.seeded_hash == seeded_hash && key.fix_ms == fix_ms && key.routing == routing
-        });
+        let seen = self
+            .slots
+            .find(digest, |&slot| ring[slot as usize].digest == digest);
         if seen.is_some() {
             return false;
         }
-        let key = Key {
-            fix_ms,
-            seeded_hash,
-            routing,
-        };
+        let key = Key { digest };
         let slot = self.next;
         if slot < self.ring.len() {
             // Full: the oldest key leaves the table, its slot takes the new.
-            let oldest = self.ring[slot].seeded_hash;
+            let oldest = self.ring[slot].digest;
             match self.slots.find_entry(oldest, |&s| s as usize == slot) {
                 Ok(entry) => {
                     entry.remove();
@@ -106,7 +89,7 @@ impl Dedup {
         }
         let ring = &self.ring;
         self.slots
-            .insert_unique(seeded_hash, slot as u32, |&s| ring[s as usize].seeded_hash);
+            .insert_unique(digest, slot as u32, |&s| ring[s as usize].digest);
         self.next = (slot + 1) % self.capacity;
         true
     }
@@ -115,43 +98,30 @@ impl Dedup {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codec::message_digest;
 
-    fn first(d: &mut Dedup, vehicle: &str, fix_ms: i64) -> bool {
-        d.first_sighting(vehicle, VehicleHash::of(vehicle), fix_ms)
+    fn first(d: &mut Dedup, topic: &str, payload: &str) -> bool {
+        d.first_sighting(message_digest(topic, payload.as_bytes()))
     }
 
     #[test]
     fn remembers_a_bounded_window() {
         let mut d = Dedup::new(2);
-        assert!(first(&mut d, "a", 1));
-        assert!(!first(&mut d, "a", 1));
-        assert!(first(&mut d, "b", 1));
-        assert!(first(&mut d, "a", 2)); // evicts (a, 1)
-        assert!(first(&mut d, "a", 1));
+        assert!(first(&mut d, "t", "a1"));
+        assert!(!first(&mut d, "t", "a1"));
+        assert!(first(&mut d, "t", "b1"));
+        assert!(first(&mut d, "t", "a2")); // evicts a1
+        assert!(first(&mut d, "t", "a1"));
     }
 
-    /// The routing hash alone does not make vehicles one: 10,000 of them
-    /// sharing it and a fix time are each seen for the first time (a table
-    /// probe compares only slots whose 7-bit tag matches, so a single pair
-    /// would pass by luck 127 times in 128 if the seeded hash were ignored).
+    /// The same payload on another topic is another message (the topic
+    /// may be what names the vehicle).
     #[test]
-    fn a_shared_routing_hash_is_not_a_duplicate() {
-        let mut d = Dedup::new(20_000);
-        let shared = VehicleHash::from_raw(7);
-        for v in 0..10_000 {
-            assert!(d.first_sighting(&format!("v{v}"), shared, 1), "v{v}");
-        }
-        assert!(!d.first_sighting("v42", shared, 1));
-    }
-
-    /// Nor does the seeded hash alone: the same vehicle and fix time under
-    /// another routing hash are a different key.
-    #[test]
-    fn a_different_routing_hash_is_not_a_duplicate() {
+    fn the_topic_is_part_of_the_message() {
         let mut d = Dedup::new(8);
-        assert!(d.first_sighting("a", VehicleHash::from_raw(1), 1));
-        assert!(d.first_sighting("a", VehicleHash::from_raw(2), 1));
-        assert!(!d.first_sighting("a", VehicleHash::from_raw(2), 1));
+        assert!(first(&mut d, "owntracks/ann/phone", "{}"));
+        assert!(first(&mut d, "owntracks/bob/phone", "{}"));
+        assert!(!first(&mut d, "owntracks/bob/phone", "{}"));
     }
 
     proptest::proptest! {
@@ -165,10 +135,8 @@ mod tests {
             keys in proptest::collection::vec((0u8..12, 0i64..12), 0..600),
         ) {
             let mut dedup = Dedup::with_room(capacity, 4);
-            let mut model: std::collections::VecDeque<(String, i64)> = Default::default();
-            for (v, ts) in keys {
-                let vehicle = format!("v{v}");
-                let key = (vehicle.clone(), ts);
+            let mut model: std::collections::VecDeque<(u8, i64)> = Default::default();
+            for key in keys {
                 let expected = capacity == 0 || !model.contains(&key);
                 if capacity > 0 && expected {
                     if model.len() == capacity {
@@ -176,7 +144,8 @@ mod tests {
                     }
                     model.push_back(key);
                 }
-                proptest::prop_assert_eq!(first(&mut dedup, &vehicle, ts), expected);
+                let payload = format!("{{\"v\":{},\"ts\":{}}}", key.0, key.1);
+                proptest::prop_assert_eq!(first(&mut dedup, "t", &payload), expected);
             }
         }
     }

@@ -14,10 +14,17 @@ pub enum Reason {
     Oversize,
     UnknownFormat,
     Duplicate,
+    /// The fix is dated further ahead of its receive time than
+    /// `codec.max_clock_ahead_s`.
+    ClockAhead,
+    /// An OwnTracks message that is not a location: ignored, not refused.
+    NotALocation,
+    /// An empty payload, clearing a retained message: ignored.
+    RetainedClear,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 8] = [
+    pub const ALL: [Reason; 11] = [
         Reason::MalformedJson,
         Reason::MissingField,
         Reason::WrongType,
@@ -26,7 +33,17 @@ impl Reason {
         Reason::Oversize,
         Reason::UnknownFormat,
         Reason::Duplicate,
+        Reason::ClockAhead,
+        Reason::NotALocation,
+        Reason::RetainedClear,
     ];
+
+    /// Routine traffic that is not a fix: counted as ignored and acked,
+    /// not dead-lettered (an OwnTracks `lwt` arrives at every unclean
+    /// disconnect; a retained clear whenever a device is removed).
+    pub const fn is_ignored(self) -> bool {
+        matches!(self, Reason::NotALocation | Reason::RetainedClear)
+    }
 
     /// Its position in [`Self::ALL`], for arrays of per-reason counters.
     pub const fn index(self) -> usize {
@@ -43,6 +60,9 @@ impl Reason {
             Reason::Oversize => "oversize",
             Reason::UnknownFormat => "unknown_format",
             Reason::Duplicate => "duplicate",
+            Reason::ClockAhead => "clock_ahead",
+            Reason::NotALocation => "not_a_location",
+            Reason::RetainedClear => "retained_clear",
         }
     }
 }
@@ -56,7 +76,7 @@ const _: () = {
         i += 1;
     }
     // The last declared reason closes `ALL`, so none is missing from it.
-    assert!(Reason::Duplicate.index() + 1 == Reason::ALL.len());
+    assert!(Reason::RetainedClear.index() + 1 == Reason::ALL.len());
 };
 
 impl fmt::Display for Reason {

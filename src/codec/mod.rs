@@ -55,8 +55,13 @@ pub struct CodecSettings {
     pub known_kinds: Vec<String>,
     /// Topic patterns naming the vehicle for formats that carry no id.
     pub topic_patterns: Vec<TopicPattern>,
-    /// How many recent (vehicle, fix time) pairs the dedup remembers.
+    /// How many recent messages the dedup remembers.
     pub dedup_window: usize,
+    /// A fix dated further than this ahead of its receive time is refused
+    /// (`clock_ahead`). 600 s: well past the drift of a device without
+    /// NTP (seconds to a few minutes) and below the smallest error of
+    /// local time sent as UTC (30 min), a week-number rollover or a year.
+    pub max_clock_ahead_s: f64,
 }
 
 impl Default for CodecSettings {
@@ -72,6 +77,7 @@ impl Default for CodecSettings {
                 .map(|p| TopicPattern::try_from(p.to_owned()).expect("built-in pattern is valid"))
                 .to_vec(),
             dedup_window: 65_536,
+            max_clock_ahead_s: 600.0,
         }
     }
 }
@@ -84,6 +90,26 @@ impl CodecSettings {
         if !(self.idle_speed_kmh.is_finite() && self.idle_speed_kmh >= 0.0) {
             problems.add("codec.idle_speed_kmh", "must be a finite number ≥ 0");
         }
+        if !(self.max_clock_ahead_s.is_finite() && self.max_clock_ahead_s >= 0.0) {
+            problems.add("codec.max_clock_ahead_s", "must be a finite number ≥ 0");
+        }
+    }
+
+    /// Refuses a fix dated more than `max_clock_ahead_s` after it was
+    /// received (both unix ms), naming both times.
+    pub fn check_clock(&self, fix_time_ms: i64, received_ms: i64) -> Result<(), DecodeError> {
+        let ahead_ms = fix_time_ms.saturating_sub(received_ms);
+        if ahead_ms as f64 > self.max_clock_ahead_s * 1000.0 {
+            return Err(DecodeError::new(
+                Reason::ClockAhead,
+                format!(
+                    "fix time {fix_time_ms} ms is {:.1} s ahead of its receive time {received_ms} ms (codec.max_clock_ahead_s = {}): the device's clock is wrong",
+                    ahead_ms as f64 / 1000.0,
+                    self.max_clock_ahead_s
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -104,7 +130,8 @@ pub struct Wire<'a> {
     speed_kmh: Option<Loose<'a>>,
     #[serde(borrow)]
     kind: Option<Loose<'a>>,
-    #[serde(borrow, rename = "_type")]
+    /// `Some(Loose::Null)` for `"_type": null` (see [`typed::Typed`]).
+    #[serde(borrow, rename = "_type", default, deserialize_with = "present")]
     owntracks_type: Option<Loose<'a>>,
     #[serde(borrow)]
     tst: Option<Loose<'a>>,
@@ -112,6 +139,43 @@ pub struct Wire<'a> {
     vel: Option<Loose<'a>>,
     #[serde(borrow)]
     t: Option<Loose<'a>>,
+}
+
+/// A field that is there, `null` included.
+fn present<'de: 'a, 'a, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Loose<'a>>, D::Error> {
+    Loose::deserialize(d).map(Some)
+}
+
+/// The OwnTracks message types that are not locations
+/// (<https://owntracks.org/booklet/tech/json/>): routine traffic, ignored
+/// with their type named, never taken for an unknown format.
+pub const OWNTRACKS_NOT_LOCATIONS: [&str; 14] = [
+    "lwt",
+    "transition",
+    "waypoint",
+    "waypoints",
+    "card",
+    "cmd",
+    "configuration",
+    "status",
+    "steps",
+    "request",
+    "encrypted",
+    "beacon",
+    "dump",
+    "clear",
+];
+
+/// A stable digest of one message (its topic and payload bytes): what
+/// makes a message "the same message again" for the dedup window and the
+/// vehicle state, which keeps it across restarts. xxh3: specified, so the
+/// same on every build, and fast enough to digest every payload.
+pub fn message_digest(topic: &str, payload: &[u8]) -> u64 {
+    let mut h = xxhash_rust::xxh3::Xxh3Default::new();
+    h.update(&(topic.len() as u64).to_le_bytes());
+    h.update(topic.as_bytes());
+    h.update(payload);
+    h.digest()
 }
 
 /// Decodes one MQTT message.
@@ -150,6 +214,12 @@ fn decode_by(
     payload: &[u8],
     settings: &CodecSettings,
 ) -> Result<Telemetry, DecodeError> {
+    if payload.is_empty() {
+        return Err(DecodeError::new(
+            Reason::RetainedClear,
+            "empty payload: how MQTT clears a retained message (OwnTracks does so when a device is removed); nothing to evaluate",
+        ));
+    }
     if payload.len() > settings.max_payload_bytes {
         return Err(DecodeError::new(
             Reason::Oversize,
@@ -204,9 +274,24 @@ fn decode_by(
     } else {
         match &wire.owntracks_type {
             Some(Loose::Str(t)) if t == "location" => owntracks(topic, wire, settings),
+            Some(Loose::Str(t)) if t == "encrypted" => Err(DecodeError::new(
+                Reason::NotALocation,
+                "OwnTracks encrypted message: geogate cannot read encrypted payloads (it holds no key); turn encryption off for devices geogate follows",
+            )),
+            Some(Loose::Str(t)) => Err(DecodeError::new(
+                Reason::NotALocation,
+                if OWNTRACKS_NOT_LOCATIONS.contains(&t.as_ref()) {
+                    format!("OwnTracks {t} message: not a location")
+                } else {
+                    format!("OwnTracks message of type {t}: not a location")
+                },
+            )),
             Some(other) => Err(DecodeError::new(
-                Reason::UnknownFormat,
-                format!("_type {other:?} is not an OwnTracks location"),
+                Reason::WrongType,
+                format!(
+                    "_type: expected a string naming the OwnTracks message type, got {}",
+                    other.type_name()
+                ),
             )),
             None => Err(DecodeError::new(
                 Reason::UnknownFormat,
@@ -296,7 +381,11 @@ fn owntracks(topic: &str, wire: Wire, settings: &CodecSettings) -> Result<Teleme
     let tst = integer(wire.tst, "tst")?;
     let fix_time_ms = fix_time(tst.checked_mul(1000).unwrap_or(i64::MAX), "tst")?;
     let (lat, lon) = position(wire.lat, wire.lon)?;
-    let speed_kmh = optional_number(wire.vel, "vel")?;
+    // iOS reports `vel: -1` (and `cog: -1`) when it does not know them.
+    let speed_kmh = optional_number(wire.vel, "vel").or_else(|e| match e.reason {
+        Reason::OutOfRange => Ok(None),
+        _ => Err(e),
+    })?;
     let trigger = match wire.t {
         None | Some(Loose::Null) => None,
         some => Some(text(some, "t")?),

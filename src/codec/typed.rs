@@ -41,8 +41,10 @@ pub struct Typed<'a> {
     speed_kmh: Option<f64>,
     #[serde(borrow)]
     kind: Option<&'a str>,
-    #[serde(borrow, rename = "_type")]
-    owntracks_type: Option<&'a str>,
+    /// `Some(None)` for `"_type": null`, which names an OwnTracks message
+    /// (with a bad type), where an absent `_type` does not.
+    #[serde(borrow, rename = "_type", default, deserialize_with = "present")]
+    owntracks_type: Option<Option<&'a str>>,
     tst: Option<i64>,
     vel: Option<f64>,
     #[serde(borrow)]
@@ -61,11 +63,22 @@ pub fn read(text: &str) -> Option<Wire<'_>> {
         lon: typed.lon.map(Loose::Float),
         speed_kmh: typed.speed_kmh.map(Loose::Float),
         kind: borrowed_str(typed.kind),
-        owntracks_type: borrowed_str(typed.owntracks_type),
+        owntracks_type: typed
+            .owntracks_type
+            .map(|t| borrowed_str(t).unwrap_or(Loose::Null)),
         tst: typed.tst.map(Loose::Int),
         vel: typed.vel.map(Loose::Float),
         t: borrowed_str(typed.t),
     })
+}
+
+/// A field that is there, `null` included.
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
 }
 
 fn borrowed_str(value: Option<&str>) -> Option<Loose<'_>> {

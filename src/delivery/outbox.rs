@@ -82,6 +82,8 @@ mod tests {
             fence: "A".into(),
             event: TransitionKind::Enter,
             ts,
+            cause: None,
+            received_ms: 0,
         }
     }
 

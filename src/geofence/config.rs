@@ -47,6 +47,7 @@ impl FencesConfig {
             dwell_s: self.dwell_s,
             max_memberships: self.max_memberships,
             idle_expiry_ms: (self.idle_expiry_s * 1000.0) as i64,
+            reorder_window_ms: 0,
         }
     }
 }

@@ -12,25 +12,51 @@
 //!   after the first of an unbroken run of qualifying fixes; the event
 //!   carries the confirming fix's time. Exits are immediate.
 //!
-//! A fix older than the vehicle's last evaluated fix changes nothing and is
-//! counted as out of order; one at the same time, or an older one the
-//! broker marks as redelivered, was applied before (by this process or by
-//! one that crashed after committing it) and is counted as a duplicate.
-//! State is bounded: at most
-//! `max_memberships` fences per vehicle (overflow counted), and a vehicle
-//! whose last fix is older than `idle_expiry` behind the newest fix seen is
-//! forgotten silently (counted): its next fix starts from no membership.
+//! Time and order (ARCHITECTURE.md, "Time and order"):
+//! * A vehicle's transitions are a function of its fixes in **fix-time
+//!   order**. With a reorder window of w ms, each arriving fix waits in its
+//!   vehicle's window until the receive clock passes its arrival + w, and
+//!   leaves in fix-time order ([`Evaluator::release_due`]); with no window
+//!   it is applied on arrival.
+//! * A fix older than the vehicle's last applied fix once its window has
+//!   passed is **late**: it changes nothing and is reported with how late
+//!   it was.
+//! * A **duplicate** is the same message again, known by its digest: one
+//!   waiting in the window, or one applied at the vehicle's last fix time.
+//!   An older fix the broker marks as redelivered is taken as applied
+//!   before (by this process, or by one that crashed before acking it).
+//!   Two different messages with the same fix time are two fixes, applied
+//!   in arrival order.
+//! * **Liveness runs on the receive clock**: a vehicle not heard from for
+//!   `idle_expiry` is forgotten, with an `exit` (cause `expired`) for each
+//!   fence it was in ([`Evaluator::expire_idle`]). No fix time, of this
+//!   vehicle or another, moves it.
+//!
+//! Timed outputs (a window release, an expiry) fire only up to the
+//! **watermark** the caller passes: the receive-clock time up to which
+//! every message has been handed in, so a backlog delays them but never
+//! orders them ahead of the vehicle's own fixes.
+//!
+//! State is bounded: at most `max_memberships` fences per vehicle
+//! (overflow counted).
 
 use super::fences::Fence;
 use super::index::{Coverings, FenceIdx, FenceIndex};
 use crate::model::{FenceId, VehicleId};
 use geo::Coord;
 use serde::Serialize;
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 
-/// Sweep for idle vehicles once per this many evaluations.
-const EXPIRY_SWEEP_EVERY: u64 = 4096;
+/// Most digests kept of the fixes applied at one fix time: enough for an
+/// event report and a periodic report in the same second, and a few more.
+const SAME_TIME_DIGESTS: usize = 4;
+
+/// Most fixes one vehicle's window holds; past it the oldest-arrived is
+/// released early (counted), so a device flooding one vehicle id cannot
+/// grow the state without bound.
+pub const MAX_WINDOW_FIXES: usize = 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -48,26 +74,44 @@ impl TransitionKind {
     }
 }
 
+/// Why a transition that no fix caused happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cause {
+    /// The vehicle was not heard from for the idle expiry.
+    Expired,
+}
+
 /// One enter or exit, as written to NDJSON and MQTT.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Transition {
     pub vehicle: VehicleId,
     pub fence: FenceId,
     pub event: TransitionKind,
-    /// The fix time (unix ms) that caused it.
+    /// The fix time (unix ms) that caused it; for an expiry, the receive
+    /// clock's time at which the vehicle became idle.
     pub ts: i64,
+    /// Set for a transition no fix caused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cause: Option<Cause>,
+    /// Receive-clock time (unix ms) of the message that caused it, for the
+    /// transition latency; not part of the event.
+    #[serde(skip)]
+    pub received_ms: i64,
 }
 
-/// What one fix did to its vehicle's state.
+/// What one fix did to its vehicle's state on arrival.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FixOutcome {
     /// Evaluated against the fences and applied (it may have produced no
     /// transition).
     Applied,
-    /// Older than the vehicle's last applied fix: nothing changed.
-    OutOfOrder,
-    /// Already applied: the vehicle's last applied fix has this time, or
-    /// the broker redelivered a fix older than it. Nothing changed.
+    /// Waiting in the vehicle's reorder window; applied when it leaves.
+    Held,
+    /// Older than the vehicle's last applied fix, by `by_ms`: nothing
+    /// changed.
+    Late { by_ms: i64 },
+    /// The same message again (see the module's notes). Nothing changed.
     Duplicate,
 }
 
@@ -78,8 +122,12 @@ pub struct EvaluatorSettings {
     /// Global dwell in seconds; a fence's `dwell_s` overrides it.
     pub dwell_s: f64,
     pub max_memberships: usize,
-    /// Forget a vehicle this many ms of fix time after its last fix.
+    /// Forget a vehicle (with exits) this many ms of receive clock after it
+    /// was last heard from.
     pub idle_expiry_ms: i64,
+    /// How long a fix waits in its vehicle's window, in receive-clock ms
+    /// (0: applied on arrival).
+    pub reorder_window_ms: i64,
 }
 
 impl EvaluatorSettings {
@@ -99,6 +147,13 @@ impl EvaluatorSettings {
         let h = self.hysteresis_of(fence);
         h <= 0.0 || !fence.boundary_within(p, h)
     }
+
+    /// How often idle vehicles are looked for, in receive-clock ms: an
+    /// expiry fires at most this late (its event time is exact anyway),
+    /// and the sweep, which visits every vehicle, runs at most this often.
+    fn sweep_every_ms(&self) -> i64 {
+        (self.idle_expiry_ms / 64).clamp(1_000, 60_000)
+    }
 }
 
 impl Default for EvaluatorSettings {
@@ -108,14 +163,20 @@ impl Default for EvaluatorSettings {
             dwell_s: 0.0,
             max_memberships: 256,
             idle_expiry_ms: 24 * 3600 * 1000,
+            reorder_window_ms: 0,
         }
     }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct EvaluatorStats {
+    /// Fixes applied (on arrival or on leaving the window).
     pub evaluated: u64,
-    pub out_of_order: u64,
+    /// Fixes taken into a reorder window.
+    pub held: u64,
+    /// Fixes a full window released before their time.
+    pub window_overflow: u64,
+    pub late: u64,
     pub duplicates: u64,
     pub expired: u64,
     pub membership_overflow: u64,
@@ -123,26 +184,49 @@ pub struct EvaluatorStats {
     pub exits: u64,
 }
 
+/// A fix waiting in its vehicle's reorder window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HeldFix {
+    pub fix_ms: i64,
+    pub lat: f64,
+    pub lon: f64,
+    pub received_ms: i64,
+    pub digest: u64,
+}
+
 #[derive(Debug, Default)]
 struct VehicleState {
+    /// The last applied fix's time (`i64::MIN`: none yet).
     last_fix_ms: i64,
+    /// Digests of the messages applied at `last_fix_ms`.
+    last_digests: Vec<u64>,
+    /// When the vehicle was last heard from, on the receive clock.
+    last_heard_ms: i64,
     /// Fences the vehicle is in, ascending.
     members: Vec<FenceIdx>,
     /// Fences awaiting dwell confirmation: (fence, first qualifying fix).
     pending: Vec<(FenceIdx, i64)>,
+    /// The reorder window, in fix-time order (arrival order among equals).
+    window: Vec<HeldFix>,
     /// Listed in `changed` since the last [`Evaluator::take_changed`].
     changed: bool,
 }
 
-/// One fix to evaluate. `redelivered` is the broker's duplicate flag,
-/// which tells an already-applied fix from an out-of-order one.
+/// One fix to evaluate.
 #[derive(Debug, Clone, Copy)]
 pub struct Fix<'a> {
     pub vehicle: &'a VehicleId,
     pub fix_ms: i64,
     pub lat: f64,
     pub lon: f64,
+    /// The broker's duplicate flag, which tells an already-applied fix
+    /// from a late one.
     pub redelivered: bool,
+    /// When it was received, on the receive clock (unix ms).
+    pub received_ms: i64,
+    /// The message's digest ([`crate::codec::message_digest`]): what makes
+    /// two fixes the same message.
+    pub digest: u64,
 }
 
 impl Fix<'_> {
@@ -153,17 +237,33 @@ impl Fix<'_> {
             y: self.lat,
         }
     }
+
+    /// A digest of the fix itself (time and position), for callers with
+    /// no message to digest: offline evaluation and tests.
+    pub fn position_digest(fix_ms: i64, lat: f64, lon: f64) -> u64 {
+        let mut bytes = [0u8; 24];
+        bytes[..8].copy_from_slice(&fix_ms.to_le_bytes());
+        bytes[8..16].copy_from_slice(&lat.to_bits().to_le_bytes());
+        bytes[16..].copy_from_slice(&lon.to_bits().to_le_bytes());
+        xxhash_rust::xxh3::xxh3_64(&bytes)
+    }
 }
 
 /// One vehicle's state with fence ids in place of index positions: what a
 /// state store keeps, valid across fence reloads and restarts.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct VehicleSnapshot {
     pub last_fix_ms: i64,
+    /// Digests of the messages applied at `last_fix_ms`.
+    pub last_digests: Vec<u64>,
+    /// When it was last heard from, on the receive clock.
+    pub last_heard_ms: i64,
     /// In fence-file order at the time of the snapshot.
     pub members: Vec<FenceId>,
     /// (fence, first qualifying fix time) for each dwell in progress.
     pub pending: Vec<(FenceId, i64)>,
+    /// The reorder window's fixes, in fix-time order.
+    pub window: Vec<HeldFix>,
 }
 
 pub struct Evaluator {
@@ -174,9 +274,16 @@ pub struct Evaluator {
     /// colliding on purpose.
     vehicles: HashMap<VehicleId, VehicleState, foldhash::fast::RandomState>,
     stats: EvaluatorStats,
-    newest_fix_ms: i64,
+    /// When each held fix is due to leave its window: (due ms, vehicle).
+    /// One entry per held fix; an entry whose fix has already left (with
+    /// a later one of its vehicle) finds nothing due and is dropped.
+    due: BinaryHeap<Reverse<(i64, VehicleId)>>,
+    /// The receive-clock time of the next idle sweep.
+    next_sweep_ms: i64,
     /// Scratch buffer for covering fences, reused across fixes.
     covering: Vec<FenceIdx>,
+    /// Scratch buffer for the fixes a window releases.
+    released: Vec<HeldFix>,
     /// The points of the batch given to [`Self::cover_batch`], and the
     /// fences covering each.
     batch_points: Vec<Coord<f64>>,
@@ -199,8 +306,10 @@ impl Evaluator {
             settings,
             vehicles: HashMap::default(),
             stats: EvaluatorStats::default(),
-            newest_fix_ms: i64::MIN,
+            due: BinaryHeap::new(),
+            next_sweep_ms: i64::MIN,
             covering: Vec::new(),
+            released: Vec::new(),
             batch_points: Vec::new(),
             batch_coverings: Coverings::default(),
             read_from_batch: 0,
@@ -219,6 +328,10 @@ impl Evaluator {
         self.stats
     }
 
+    pub fn settings(&self) -> &EvaluatorSettings {
+        &self.settings
+    }
+
     /// How many fixes [`Self::evaluate_covered`] took from a batch's
     /// lookup rather than looking them up itself.
     pub fn read_from_batch(&self) -> u64 {
@@ -227,6 +340,11 @@ impl Evaluator {
 
     pub fn tracked_vehicles(&self) -> usize {
         self.vehicles.len()
+    }
+
+    /// Fixes waiting in reorder windows now.
+    pub fn held_now(&self) -> usize {
+        self.vehicles.values().map(|s| s.window.len()).sum()
     }
 
     pub fn index(&self) -> &Arc<FenceIndex> {
@@ -246,8 +364,9 @@ impl Evaluator {
             .unwrap_or_default()
     }
 
-    /// Evaluates one fix delivered for the first time, appending its
-    /// transitions to `out`.
+    /// Evaluates one fix delivered for the first time, received at its own
+    /// fix time and digested by its position, appending its transitions to
+    /// `out`: the in-order reference (`geogate eval`, tests).
     pub fn evaluate(
         &mut self,
         vehicle: &VehicleId,
@@ -259,8 +378,7 @@ impl Evaluator {
         self.evaluate_delivery(vehicle, fix_ms, lat, lon, false, out)
     }
 
-    /// Evaluates one fix; `redelivered` is the broker's duplicate flag,
-    /// which tells an already-applied fix from an out-of-order one.
+    /// [`Self::evaluate`] with the broker's duplicate flag.
     pub fn evaluate_delivery(
         &mut self,
         vehicle: &VehicleId,
@@ -276,20 +394,23 @@ impl Evaluator {
             lat,
             lon,
             redelivered,
+            received_ms: fix_ms,
+            digest: Fix::position_digest(fix_ms, lat, lon),
         };
         self.evaluate_fix(fix, out)
     }
 
-    /// [`Self::evaluate_delivery`], the fix given whole.
+    /// Takes one arriving fix: applied now, held in its window, or refused
+    /// as late or a duplicate.
     pub fn evaluate_fix(&mut self, fix: Fix<'_>, out: &mut Vec<Transition>) -> FixOutcome {
-        self.apply(fix, None, out)
+        self.arrive(fix, None, out)
     }
 
     /// Looks up the fences covering each of `fixes` together, for
     /// [`Self::evaluate_covered`]: a batch overlaps the cache misses of its
     /// points' lookups, which one fix at a time queue one behind the other
     /// (see [`FenceIndex::containing_batch`]). The lookup of a fix that then
-    /// proves out of order or a duplicate is wasted.
+    /// proves late, a duplicate or held is wasted.
     pub fn cover_batch<'a>(&mut self, fixes: impl IntoIterator<Item = Fix<'a>>) {
         self.batch_points.clear();
         self.batch_points
@@ -298,7 +419,7 @@ impl Evaluator {
             .containing_batch(&self.batch_points, &mut self.batch_coverings);
     }
 
-    /// [`Self::evaluate_delivery`], reading the fix's covering fences from
+    /// [`Self::evaluate_fix`], reading the fix's covering fences from
     /// point `i` of the last [`Self::cover_batch`] when that point is this
     /// fix's (else it looks them up now, as after a [`Self::swap_index`],
     /// which drops the batch): the same outcome and transitions either way.
@@ -309,128 +430,205 @@ impl Evaluator {
         out: &mut Vec<Transition>,
     ) -> FixOutcome {
         let batch_position = (self.batch_points.get(i) == Some(&fix.point())).then_some(i);
-        if batch_position.is_some() {
-            self.read_from_batch += 1;
-        }
-        self.apply(fix, batch_position, out)
+        self.arrive(fix, batch_position, out)
     }
 
-    /// One fix, its covering fences looked up now (`batch_position` `None`)
-    /// or read from that point of the last [`Self::cover_batch`].
-    fn apply(
+    fn arrive(
         &mut self,
         fix: Fix<'_>,
         batch_position: Option<usize>,
         out: &mut Vec<Transition>,
     ) -> FixOutcome {
-        let p = fix.point();
-        let Fix {
-            vehicle,
-            fix_ms,
-            redelivered,
-            ..
-        } = fix;
         // Look up before inserting: a known vehicle (the common case) costs
         // no clone of its id (a heap share for ids past 23 bytes).
-        if !self.vehicles.contains_key(vehicle) {
+        if !self.vehicles.contains_key(fix.vehicle) {
             let fresh = VehicleState {
                 last_fix_ms: i64::MIN,
+                last_heard_ms: fix.received_ms,
                 ..VehicleState::default()
             };
-            self.vehicles.insert(vehicle.clone(), fresh);
+            self.vehicles.insert(fix.vehicle.clone(), fresh);
         }
-        let Some(state) = self.vehicles.get_mut(vehicle) else {
-            return FixOutcome::Applied;
+        let Some(state) = self.vehicles.get_mut(fix.vehicle) else {
+            return FixOutcome::Duplicate;
         };
-        if fix_ms == state.last_fix_ms || (redelivered && fix_ms < state.last_fix_ms) {
+        state.last_heard_ms = state.last_heard_ms.max(fix.received_ms);
+        if self.track_changes && !state.changed {
+            state.changed = true;
+            self.changed.push(fix.vehicle.clone());
+        }
+        let applied_before = (fix.fix_ms == state.last_fix_ms
+            && state.last_digests.contains(&fix.digest))
+            || (fix.redelivered && fix.fix_ms < state.last_fix_ms);
+        if applied_before || state.window.iter().any(|h| h.digest == fix.digest) {
             self.stats.duplicates += 1;
             return FixOutcome::Duplicate;
         }
-        if fix_ms < state.last_fix_ms {
-            self.stats.out_of_order += 1;
-            return FixOutcome::OutOfOrder;
+        if fix.fix_ms < state.last_fix_ms {
+            self.stats.late += 1;
+            return FixOutcome::Late {
+                by_ms: state.last_fix_ms - fix.fix_ms,
+            };
         }
-        self.stats.evaluated += 1;
-        state.last_fix_ms = fix_ms;
-        if self.track_changes && !state.changed {
-            state.changed = true;
-            self.changed.push(vehicle.clone());
+        if self.settings.reorder_window_ms <= 0 && state.window.is_empty() {
+            if batch_position.is_some() {
+                self.read_from_batch += 1;
+            }
+            let held = HeldFix {
+                fix_ms: fix.fix_ms,
+                lat: fix.lat,
+                lon: fix.lon,
+                received_ms: fix.received_ms,
+                digest: fix.digest,
+            };
+            apply(
+                &self.index,
+                &self.settings,
+                &mut self.stats,
+                fix.vehicle,
+                state,
+                held,
+                batch_position.map(|i| self.batch_coverings.of(i)),
+                &mut self.covering,
+                out,
+            );
+            return FixOutcome::Applied;
         }
-        let index: &FenceIndex = &self.index;
-        let settings = &self.settings;
-        let stats = &mut self.stats;
-        let covering: &[FenceIdx] = match batch_position {
-            Some(i) => self.batch_coverings.of(i),
-            None => {
-                index.containing(p, &mut self.covering);
-                &self.covering
-            }
+        let held = HeldFix {
+            fix_ms: fix.fix_ms,
+            lat: fix.lat,
+            lon: fix.lon,
+            received_ms: fix.received_ms,
+            digest: fix.digest,
         };
-        let clear_of_boundary = |f: FenceIdx| settings.clear_of_boundary(index.fence(f), p);
-        let transition = |f: FenceIdx, event| Transition {
-            vehicle: vehicle.clone(),
-            fence: index.fence(f).id.clone(),
-            event,
-            ts: fix_ms,
-        };
-
-        // Exits first.
-        state.members.retain(|&m| {
-            let stays = covering.binary_search(&m).is_ok() || !clear_of_boundary(m);
-            if !stays {
-                out.push(transition(m, TransitionKind::Exit));
-                stats.exits += 1;
-            }
-            stays
-        });
-
-        // Then enters, with dwell bookkeeping.
-        let mut pending = Vec::new();
-        for &f in covering.iter() {
-            if state.members.binary_search(&f).is_ok() || !clear_of_boundary(f) {
-                continue;
-            }
-            let fence = index.fence(f);
-            let dwell_ms = settings.dwell_ms_of(fence);
-            let since = state
-                .pending
+        // After every fix of the same time: equal times keep arrival order.
+        let at = state.window.partition_point(|h| h.fix_ms <= held.fix_ms);
+        state.window.insert(at, held);
+        self.stats.held += 1;
+        self.due.push(Reverse((
+            fix.received_ms
+                .saturating_add(self.settings.reorder_window_ms),
+            fix.vehicle.clone(),
+        )));
+        if state.window.len() > MAX_WINDOW_FIXES {
+            // Release up to the earliest-arrived fix, as if its time had
+            // come: the window stays bounded and stays in fix-time order.
+            let first_arrived = state
+                .window
                 .iter()
-                .find(|(pf, _)| *pf == f)
-                .map_or(fix_ms, |&(_, s)| s);
-            if dwell_ms > 0 && fix_ms.saturating_sub(since) < dwell_ms {
-                pending.push((f, since));
-                continue;
+                .min_by_key(|h| h.received_ms)
+                .map_or(i64::MIN, |h| h.fix_ms);
+            let n = state.window.partition_point(|h| h.fix_ms <= first_arrived);
+            self.stats.window_overflow += n as u64;
+            self.released.clear();
+            self.released.extend(state.window.drain(..n));
+            for &h in &self.released {
+                apply(
+                    &self.index,
+                    &self.settings,
+                    &mut self.stats,
+                    fix.vehicle,
+                    state,
+                    h,
+                    None,
+                    &mut self.covering,
+                    out,
+                );
             }
-            if state.members.len() >= settings.max_memberships {
-                stats.membership_overflow += 1;
-                continue;
-            }
-            let at = state.members.partition_point(|&m| m < f);
-            state.members.insert(at, f);
-            out.push(transition(f, TransitionKind::Enter));
-            stats.enters += 1;
         }
-        pending.truncate(settings.max_memberships);
-        state.pending = pending;
-
-        self.newest_fix_ms = self.newest_fix_ms.max(fix_ms);
-        if self.stats.evaluated.is_multiple_of(EXPIRY_SWEEP_EVERY) {
-            self.expire_idle(self.newest_fix_ms);
-        }
-        FixOutcome::Applied
+        FixOutcome::Held
     }
 
-    /// Forgets vehicles whose last fix is more than the idle expiry before
-    /// `now_ms`; returns how many.
-    pub fn expire_idle(&mut self, now_ms: i64) -> usize {
-        let horizon = now_ms.saturating_sub(self.settings.idle_expiry_ms);
+    /// Applies, in fix-time order, every held fix whose time in the window
+    /// has passed by `watermark_ms` (the receive-clock time up to which all
+    /// input has been handed in), together with any earlier fixes of its
+    /// vehicle still waiting. Returns how many fixes left their windows.
+    pub fn release_due(&mut self, watermark_ms: i64, out: &mut Vec<Transition>) -> u64 {
+        let window_ms = self.settings.reorder_window_ms.max(0);
+        let mut released = 0;
+        while let Some(Reverse((due, _))) = self.due.peek() {
+            if *due > watermark_ms {
+                break;
+            }
+            let Some(Reverse((_, vehicle))) = self.due.pop() else {
+                break;
+            };
+            let Some(state) = self.vehicles.get_mut(&vehicle) else {
+                continue;
+            };
+            let Some(upto) = state
+                .window
+                .iter()
+                .filter(|h| h.received_ms.saturating_add(window_ms) <= watermark_ms)
+                .map(|h| h.fix_ms)
+                .max()
+            else {
+                continue;
+            };
+            let n = state.window.partition_point(|h| h.fix_ms <= upto);
+            self.released.clear();
+            self.released.extend(state.window.drain(..n));
+            if self.track_changes && !state.changed {
+                state.changed = true;
+                self.changed.push(vehicle.clone());
+            }
+            for &h in &self.released {
+                apply(
+                    &self.index,
+                    &self.settings,
+                    &mut self.stats,
+                    &vehicle,
+                    state,
+                    h,
+                    None,
+                    &mut self.covering,
+                    out,
+                );
+            }
+            released += n as u64;
+        }
+        released
+    }
+
+    /// Forgets every vehicle not heard from for the idle expiry by
+    /// `watermark_ms` whose window is empty, emitting an `exit` (cause
+    /// `expired`, at the time it became idle) for each fence it was in.
+    /// Sweeps at most once per [`EvaluatorSettings::sweep_every_ms`];
+    /// returns how many vehicles it forgot.
+    pub fn expire_idle(&mut self, watermark_ms: i64, out: &mut Vec<Transition>) -> usize {
+        if watermark_ms < self.next_sweep_ms {
+            return 0;
+        }
+        self.next_sweep_ms = watermark_ms.saturating_add(self.settings.sweep_every_ms());
+        self.expire_now(watermark_ms, out)
+    }
+
+    /// [`Self::expire_idle`] without the sweep interval.
+    pub fn expire_now(&mut self, watermark_ms: i64, out: &mut Vec<Transition>) -> usize {
+        let idle_ms = self.settings.idle_expiry_ms.max(1);
         let before = self.vehicles.len();
+        let index = &self.index;
         let changed = &mut self.changed;
         let track = self.track_changes;
+        let stats = &mut self.stats;
         self.vehicles.retain(|id, s| {
-            let keep = s.last_fix_ms >= horizon;
-            if track && !keep && !s.changed {
-                changed.push(id.clone());
+            let idle_at = s.last_heard_ms.saturating_add(idle_ms);
+            let keep = idle_at > watermark_ms || !s.window.is_empty();
+            if !keep {
+                for &m in &s.members {
+                    out.push(Transition {
+                        vehicle: id.clone(),
+                        fence: index.fence(m).id.clone(),
+                        event: TransitionKind::Exit,
+                        ts: idle_at,
+                        cause: Some(Cause::Expired),
+                        received_ms: idle_at,
+                    });
+                    stats.exits += 1;
+                }
+                if track && !s.changed {
+                    changed.push(id.clone());
+                }
             }
             keep
         });
@@ -447,6 +645,8 @@ impl Evaluator {
                 s.changed = false;
                 VehicleSnapshot {
                     last_fix_ms: s.last_fix_ms,
+                    last_digests: s.last_digests.clone(),
+                    last_heard_ms: s.last_heard_ms,
                     members: s
                         .members
                         .iter()
@@ -457,6 +657,7 @@ impl Evaluator {
                         .iter()
                         .map(|&(f, since)| (self.index.fence(f).id.clone(), since))
                         .collect(),
+                    window: s.window.clone(),
                 }
             });
             out.push((id, snapshot));
@@ -465,7 +666,10 @@ impl Evaluator {
 
     /// Puts back a vehicle's committed state (at start, from the store).
     /// Fences no longer in the fence set are dropped without events, as a
-    /// reload drops them.
+    /// reload drops them, and the vehicle is then listed as changed: the
+    /// store must hold what this process holds, or a later reload that
+    /// brings the fence back and a crash would bring the membership back
+    /// too.
     pub fn restore(&mut self, vehicle: VehicleId, snapshot: &VehicleSnapshot) {
         let index = &self.index;
         let mut members: Vec<FenceIdx> = snapshot
@@ -476,22 +680,43 @@ impl Evaluator {
         members.sort_unstable();
         members.dedup();
         members.truncate(self.settings.max_memberships);
-        let pending = snapshot
+        let pending: Vec<(FenceIdx, i64)> = snapshot
             .pending
             .iter()
             .filter_map(|(id, since)| index.find(id).map(|f| (f, *since)))
             .take(self.settings.max_memberships)
             .collect();
-        self.newest_fix_ms = self.newest_fix_ms.max(snapshot.last_fix_ms);
+        let shrank =
+            members.len() < snapshot.members.len() || pending.len() < snapshot.pending.len();
+        let window_ms = self.settings.reorder_window_ms.max(0);
+        for h in &snapshot.window {
+            self.due.push(Reverse((
+                h.received_ms.saturating_add(window_ms),
+                vehicle.clone(),
+            )));
+        }
+        let changed = self.track_changes && shrank;
+        if changed {
+            self.changed.push(vehicle.clone());
+        }
         self.vehicles.insert(
             vehicle,
             VehicleState {
                 last_fix_ms: snapshot.last_fix_ms,
+                last_digests: snapshot.last_digests.clone(),
+                last_heard_ms: snapshot.last_heard_ms,
                 members,
                 pending,
-                changed: false,
+                window: snapshot.window.clone(),
+                changed,
             },
         );
+    }
+
+    /// Whether anything restored or changed is waiting for
+    /// [`Self::take_changed`].
+    pub fn has_changes(&self) -> bool {
+        !self.changed.is_empty()
     }
 
     /// Swaps in a reloaded fence set. Memberships and pending dwells survive
@@ -520,4 +745,89 @@ impl Evaluator {
             }
         }
     }
+}
+
+/// Applies one fix to its vehicle's state: exits, then enters with dwell
+/// bookkeeping. `covering` is the fix's covering fences when the caller
+/// looked them up in a batch; else they are looked up into `scratch`.
+#[allow(clippy::too_many_arguments)]
+fn apply(
+    index: &FenceIndex,
+    settings: &EvaluatorSettings,
+    stats: &mut EvaluatorStats,
+    vehicle: &VehicleId,
+    state: &mut VehicleState,
+    fix: HeldFix,
+    covering: Option<&[FenceIdx]>,
+    scratch: &mut Vec<FenceIdx>,
+    out: &mut Vec<Transition>,
+) {
+    let p = Coord {
+        x: fix.lon,
+        y: fix.lat,
+    };
+    let fix_ms = fix.fix_ms;
+    stats.evaluated += 1;
+    if fix_ms != state.last_fix_ms {
+        state.last_digests.clear();
+    }
+    if state.last_digests.len() < SAME_TIME_DIGESTS {
+        state.last_digests.push(fix.digest);
+    }
+    state.last_fix_ms = fix_ms;
+    let covering: &[FenceIdx] = match covering {
+        Some(c) => c,
+        None => {
+            index.containing(p, scratch);
+            scratch
+        }
+    };
+    let clear_of_boundary = |f: FenceIdx| settings.clear_of_boundary(index.fence(f), p);
+    let transition = |f: FenceIdx, event| Transition {
+        vehicle: vehicle.clone(),
+        fence: index.fence(f).id.clone(),
+        event,
+        ts: fix_ms,
+        cause: None,
+        received_ms: fix.received_ms,
+    };
+
+    // Exits first.
+    state.members.retain(|&m| {
+        let stays = covering.binary_search(&m).is_ok() || !clear_of_boundary(m);
+        if !stays {
+            out.push(transition(m, TransitionKind::Exit));
+            stats.exits += 1;
+        }
+        stays
+    });
+
+    // Then enters, with dwell bookkeeping.
+    let mut pending = Vec::new();
+    for &f in covering.iter() {
+        if state.members.binary_search(&f).is_ok() || !clear_of_boundary(f) {
+            continue;
+        }
+        let fence = index.fence(f);
+        let dwell_ms = settings.dwell_ms_of(fence);
+        let since = state
+            .pending
+            .iter()
+            .find(|(pf, _)| *pf == f)
+            .map_or(fix_ms, |&(_, s)| s);
+        if dwell_ms > 0 && fix_ms.saturating_sub(since) < dwell_ms {
+            pending.push((f, since));
+            continue;
+        }
+        if state.members.len() >= settings.max_memberships {
+            stats.membership_overflow += 1;
+            continue;
+        }
+        let at = state.members.partition_point(|&m| m < f);
+        state.members.insert(at, f);
+        out.push(transition(f, TransitionKind::Enter));
+        stats.enters += 1;
+    }
+    pending.truncate(settings.max_memberships);
+    state.pending = pending;
 }

@@ -1,20 +1,28 @@
 //! The accounting invariant, kept by atomic counters every stage updates:
 //!
-//! `received = invalid + shed + evaluated + out_of_order + in_queue`
+//! `received = invalid + ignored + shed + evaluated + held + late + in_queue`
 //!
-//! `received` counts messages the router has taken from the source (a
-//! message still in the intake channel is not yet received, and not yet
-//! acked: `geogate_mqtt_unacked` counts it);
-//! `invalid` those refused by the codec (duplicates included, both those
-//! the codec's window caught and those the vehicle state recognised as
-//! already applied after a restart); `shed` those a
-//! gate refused; `evaluated` those the geofence engine applied;
-//! `out_of_order` fixes older than their vehicle's last applied fix, which
-//! changed nothing (counted on their own so that a reordering broker shows
-//! up here instead of hiding among the evaluated); `in_queue` the rest:
-//! taken and not finished. At shutdown `in_queue` is what the drain deadline
-//! (or a sink that stayed broken until then) left behind, unacked and so
-//! redelivered on restart. The same numbers feed the Prometheus counters.
+//! * `received`: messages the router has taken from the source (a message
+//!   still in the intake channel is not yet received, and not yet acked:
+//!   `geogate_mqtt_unacked` counts it);
+//! * `invalid`: refused by the codec and dead-lettered, duplicates
+//!   included (both those the codec's window caught and those the vehicle
+//!   state recognised as already applied after a restart), and fixes whose
+//!   device clock is too far ahead (`clock_ahead`);
+//! * `ignored`: routine messages that are not fixes, acked without a
+//!   dead letter: OwnTracks messages that are not locations, and empty
+//!   payloads clearing a retained message;
+//! * `shed`: refused by a gate;
+//! * `evaluated`: applied to their vehicle's state on arrival;
+//! * `held`: taken into their vehicle's reorder window (committed there,
+//!   so acked), and applied from it in fix-time order when it closes;
+//! * `late`: older than their vehicle's last applied fix once the window
+//!   had passed: no transition, dead-lettered with how late they were;
+//! * `in_queue`: the rest, taken and not finished. At shutdown it is what
+//!   the drain deadline (or a sink that stayed broken until then) left
+//!   behind, unacked and so redelivered on restart.
+//!
+//! The same numbers feed the Prometheus counters.
 
 use crate::codec::Reason;
 use serde::Serialize;
@@ -30,6 +38,11 @@ struct OwnLine<T>(T);
 #[derive(Debug, Default)]
 struct RouterCounts {
     invalid: [AtomicU64; Reason::ALL.len()],
+    /// Of the ignored reasons only.
+    ignored: AtomicU64,
+    /// Written to the dead letter by the router, after the state found
+    /// them late.
+    late: AtomicU64,
     shed: AtomicU64,
     admitted: AtomicU64,
     /// Taken but never finished at shutdown: a refusal whose dead-letter
@@ -41,7 +54,7 @@ struct RouterCounts {
 #[derive(Debug, Default)]
 struct WorkerCounts {
     evaluated: AtomicU64,
-    out_of_order: AtomicU64,
+    held: AtomicU64,
     /// Redeliveries the vehicle state recognised (after a restart, past
     /// the codec's dedup window); counted under `invalid`, reason
     /// `duplicate`, beside the window's.
@@ -65,28 +78,38 @@ pub struct Balance {
     /// Of `invalid`: redeliveries recognised (by the dedup window or by the
     /// vehicle state), shown beside it so a restart's redeliveries are seen.
     pub duplicate: u64,
+    pub ignored: u64,
     pub shed: u64,
     pub evaluated: u64,
-    pub out_of_order: u64,
+    pub held: u64,
+    pub late: u64,
     pub in_queue: u64,
 }
 
 impl Balance {
     pub fn balances(&self) -> bool {
         self.received
-            == self.invalid + self.shed + self.evaluated + self.out_of_order + self.in_queue
+            == self.invalid
+                + self.ignored
+                + self.shed
+                + self.evaluated
+                + self.held
+                + self.late
+                + self.in_queue
     }
 
     /// The line geogate prints at shutdown.
     pub fn line(&self) -> String {
         format!(
-            "accounting: received {} = invalid {} (duplicate {}) + shed {} + evaluated {} + out_of_order {} + in_queue {} ({})",
+            "accounting: received {} = invalid {} (duplicate {}) + ignored {} + shed {} + evaluated {} + held {} + late {} + in_queue {} ({})",
             self.received,
             self.invalid,
             self.duplicate,
+            self.ignored,
             self.shed,
             self.evaluated,
-            self.out_of_order,
+            self.held,
+            self.late,
             self.in_queue,
             if self.balances() {
                 "balanced"
@@ -114,12 +137,23 @@ impl Accounting {
         self.router.0.admitted.fetch_add(1, Relaxed);
     }
 
-    /// A batch of admitted fixes finished: applied, older than their
-    /// vehicle's last applied fix (changed nothing), or already applied.
-    pub fn finished(&self, evaluated: u64, out_of_order: u64, duplicates: u64) {
+    /// Routine traffic that is not a fix, acked without a dead letter.
+    pub fn ignored(&self) {
+        self.router.0.ignored.fetch_add(1, Relaxed);
+    }
+
+    /// A late fix's dead-letter record is written.
+    pub fn late(&self) {
+        self.router.0.late.fetch_add(1, Relaxed);
+    }
+
+    /// A batch of admitted fixes finished: applied on arrival, taken into
+    /// the reorder window, or already applied. (Its late fixes finish
+    /// once their dead letter is written: [`Self::late`].)
+    pub fn finished(&self, evaluated: u64, held: u64, duplicates: u64) {
         let w = &self.workers.0;
         w.evaluated.fetch_add(evaluated, Relaxed);
-        w.out_of_order.fetch_add(out_of_order, Relaxed);
+        w.held.fetch_add(held, Relaxed);
         w.duplicates.fetch_add(duplicates, Relaxed);
     }
 
@@ -155,12 +189,14 @@ impl Accounting {
     pub fn balance(&self) -> Balance {
         // Read downstream counters first so that a concurrent event is seen
         // as in flight rather than double counted.
+        let late = self.router.0.late.load(Relaxed);
         let evaluated = self.workers.0.evaluated.load(Relaxed);
-        let out_of_order = self.workers.0.out_of_order.load(Relaxed);
+        let held = self.workers.0.held.load(Relaxed);
         let duplicates = self.workers.0.duplicates.load(Relaxed);
         let admitted = self.router.0.admitted.load(Relaxed);
         let abandoned = self.router.0.abandoned.load(Relaxed);
         let shed = self.router.0.shed.load(Relaxed);
+        let ignored = self.router.0.ignored.load(Relaxed);
         let invalid = self
             .router
             .0
@@ -175,10 +211,12 @@ impl Accounting {
             received,
             invalid,
             duplicate: window_duplicates + duplicates,
+            ignored,
             shed,
             evaluated,
-            out_of_order,
-            in_queue: (admitted + abandoned).saturating_sub(evaluated + out_of_order + duplicates),
+            held,
+            late,
+            in_queue: (admitted + abandoned).saturating_sub(evaluated + held + late + duplicates),
         }
     }
 }

@@ -22,7 +22,16 @@ pub struct PipelineConfig {
     /// The runtime's threads ask Linux for `SCHED_BATCH`: no preemption on
     /// wake-up (see [`crate::runtime`]).
     pub sched_batch: bool,
+    /// How long each fix waits in its vehicle's reorder window, in ms of
+    /// the receive clock, so that fixes arriving out of order (a device's
+    /// buffer sent after its live fix, or newest first) are applied in
+    /// fix-time order. Unset: [`DEFAULT_REORDER_WINDOW_MS`] with a local
+    /// state backend, 0 with Redis, which applies each fix on arrival.
+    pub reorder_window_ms: Option<u64>,
 }
+
+/// The reorder window's default (docs/decisions/0020-reorder-window-default.md).
+pub const DEFAULT_REORDER_WINDOW_MS: u64 = 2_000;
 
 /// Most decode lanes: more only adds tasks that wait.
 pub const MAX_DECODE_LANES: usize = 64;
@@ -37,6 +46,7 @@ impl Default for PipelineConfig {
             watermark: crate::admission::watermark::DEFAULT_WATERMARK,
             sustained_rate: 0.0,
             drain_deadline_s: 10.0,
+            reorder_window_ms: None,
         }
     }
 }

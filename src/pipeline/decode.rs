@@ -21,12 +21,29 @@ const BATCH: usize = 512;
 pub struct Decoded {
     pub envelope: Envelope,
     pub fix: Result<Telemetry, DecodeError>,
+    /// When it was received, on the receive clock (unix ms).
+    pub received_ms: i64,
+    /// [`codec::message_digest`] of the envelope.
+    pub digest: u64,
 }
 
 impl Decoded {
+    /// Decodes the payload and checks the fix's time against the receive
+    /// clock: a device clock too far ahead is refused here, before it can
+    /// reach any state.
     pub fn of(envelope: Envelope, codec: &CodecSettings) -> Self {
-        let fix = codec::decode(&envelope.topic, &envelope.payload, codec);
-        Self { envelope, fix }
+        let received_ms = crate::clock::receive_ms(envelope.received_at);
+        let fix = codec::decode(&envelope.topic, &envelope.payload, codec).and_then(|fix| {
+            codec.check_clock(fix.fix_time_ms, received_ms)?;
+            Ok(fix)
+        });
+        let digest = codec::message_digest(&envelope.topic, &envelope.payload);
+        Self {
+            envelope,
+            fix,
+            received_ms,
+            digest,
+        }
     }
 }
 
@@ -133,12 +150,12 @@ mod tests {
     /// made certain: one vehicle's 600 fixes under two topics in two lanes,
     /// each lane's 300 queued before the decoders start, so each lane hands
     /// them over in one batch and one batch reaches the router whole
-    /// before the other. The out-of-order rule then drops exactly the late
+    /// before the other. The late rule then drops exactly the late
     /// lane's fixes older than the last applied one (297 or 300, by which
     /// lane goes first), and every transition follows the fix that caused
     /// it in fix-time order.
     #[test]
-    fn one_vehicle_under_two_topics_races_and_the_out_of_order_rule_holds() {
+    fn one_vehicle_under_two_topics_races_and_the_late_rule_holds() {
         use crate::geofence::{
             Evaluator, EvaluatorSettings, FenceIndex, TransitionKind, parse_fences,
         };
@@ -189,9 +206,9 @@ mod tests {
         let stats = evaluator.stats();
         // Topic 0 carries fix 596 last and topic 1 fix 599: after topic 0's
         // batch, topic 1's 597, 598 and 599 still apply.
-        let expected_out_of_order = if first == 0 { 297 } else { 300 };
-        assert_eq!(stats.out_of_order, expected_out_of_order);
-        assert_eq!(stats.evaluated + stats.out_of_order, 600);
+        let expected_late = if first == 0 { 297 } else { 300 };
+        assert_eq!(stats.late, expected_late);
+        assert_eq!(stats.evaluated + stats.late, 600);
         let mut last_ts = i64::MIN;
         for t in &transitions {
             assert!(t.ts >= last_ts, "{t:?} after {last_ts}");

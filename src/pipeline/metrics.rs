@@ -17,7 +17,9 @@ pub const END_TO_END_LATENCY_SECONDS: &str = "geogate_end_to_end_latency_seconds
 pub const QUEUE_WATERMARK: &str = "geogate_queue_watermark";
 pub const GATE_ADMITTED_TOTAL: &str = "geogate_gate_admitted_total";
 pub const BACKPRESSURE_WAITS_TOTAL: &str = "geogate_backpressure_waits_total";
-pub const FIXES_OUT_OF_ORDER_TOTAL: &str = "geogate_fixes_out_of_order_total";
+pub const FIXES_LATE_TOTAL: &str = "geogate_fixes_late_total";
+pub const FIXES_HELD_TOTAL: &str = "geogate_fixes_held_total";
+pub const MESSAGES_IGNORED_TOTAL: &str = "geogate_messages_ignored_total";
 pub const DUPLICATES_IGNORED_TOTAL: &str = "geogate_duplicates_ignored_total";
 pub const EVENTS_IN_QUEUE: &str = "geogate_events_in_queue";
 
@@ -82,9 +84,19 @@ pub fn describe() {
         "High-priority events that found their shard queue full and waited (never shed)."
     );
     describe_counter!(
-        FIXES_OUT_OF_ORDER_TOTAL,
+        FIXES_LATE_TOTAL,
         Unit::Count,
-        "Fixes older than the vehicle's last applied fix: changed nothing (the out_of_order term of the accounting line)."
+        "Fixes older than their vehicle's last applied fix once the reorder window had passed: no transition, dead-lettered with reason late (the late term of the accounting line)."
+    );
+    describe_counter!(
+        FIXES_HELD_TOTAL,
+        Unit::Count,
+        "Fixes taken into their vehicle's reorder window, applied from there in fix-time order (the held term of the accounting line)."
+    );
+    describe_counter!(
+        MESSAGES_IGNORED_TOTAL,
+        Unit::Count,
+        "Routine messages that are not fixes, acked and not dead-lettered: OwnTracks messages that are not locations (reason not_a_location) and empty payloads clearing a retained message (reason retained_clear)."
     );
     describe_counter!(
         DUPLICATES_IGNORED_TOTAL,

@@ -17,7 +17,7 @@
 
 use crate::admission::{Admission, AdmissionPolicy, GateSpec, Verdict};
 use crate::clock::{NANOS_PER_SEC, Nanos};
-use crate::codec::{CodecSettings, Dedup, decode};
+use crate::codec::{CodecSettings, Dedup, decode, message_digest};
 use crate::model::Priority;
 use crate::replay::capture::CaptureRecord;
 use crate::stable_hash::VehicleHash;
@@ -198,10 +198,13 @@ pub fn simulate_steps(
     let capacity = settings.queue_capacity;
     for record in capture {
         let t = record.t_ns.max(router_free_at);
-        let decoded = decode(&record.topic, &record.payload_bytes(), codec)
+        let payload = record.payload_bytes();
+        let decoded = decode(&record.topic, &payload, codec)
             .map(|fix| (VehicleHash::of(&fix.vehicle), fix));
         let (routing, fix) = match decoded {
-            Ok((routing, fix)) if dedup.first_sighting(&fix.vehicle, routing, fix.fix_time_ms) => {
+            Ok((routing, fix))
+                if dedup.first_sighting(message_digest(&record.topic, &payload)) =>
+            {
                 (routing, fix)
             }
             Ok(_) => {

@@ -19,9 +19,27 @@ pub const STATE_STORE_BYTES: &str = "geogate_state_store_bytes";
 pub const FENCE_TRANSITIONS_BY_FENCE_TOTAL: &str = "geogate_fence_transitions_by_fence_total";
 pub const FENCE_TRANSITIONS_TOTAL: &str = "geogate_fence_transitions_total";
 pub const MEMBERSHIP_OVERFLOW_TOTAL: &str = "geogate_membership_overflow_total";
+pub const TRANSITION_LATENCY_SECONDS: &str = "geogate_transition_latency_seconds";
+pub const REORDER_WINDOW_FIXES: &str = "geogate_reorder_window_fixes";
+pub const VEHICLES_EXPIRED_TOTAL: &str = "geogate_vehicles_expired_total";
 
 /// Describes them to the exporter.
 pub fn describe() {
+    describe_histogram!(
+        TRANSITION_LATENCY_SECONDS,
+        Unit::Seconds,
+        "Receive to written: from when geogate received the message that caused a transition (for an expiry, when it fell due) to when its line was in the events file (memory and embedded state). Includes the time a fix waited in its reorder window."
+    );
+    describe_gauge!(
+        REORDER_WINDOW_FIXES,
+        Unit::Count,
+        "Fixes waiting in reorder windows now, by shard (pipeline.reorder_window_ms)."
+    );
+    describe_counter!(
+        VEHICLES_EXPIRED_TOTAL,
+        Unit::Count,
+        "Vehicles forgotten after fences.idle_expiry_s without a message (receive clock), each with an exit (cause expired) for every fence it was in."
+    );
     describe_histogram!(
         EVALUATION_DURATION_SECONDS,
         Unit::Seconds,

@@ -51,30 +51,49 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// One shard's inputs since its last batch, applied in this order: the
 /// fence set (live from this batch on), the fixes (in the order the shard
-/// admitted them), then the tick.
+/// admitted them), then whatever falls due by the watermark.
 pub struct Batch<'a> {
     /// A reloaded fence set.
     pub fences: Option<Arc<FenceIndex>>,
     pub fixes: &'a [Fix<'a>],
-    /// The receive clock's reading, in unix milliseconds, when the batch
-    /// was cut. Every batch carries one, and an idle shard still gets a
-    /// batch with only the tick about once a second, so that rules which
-    /// fire on time rather than on a fix can run; no rule reads it yet.
-    pub tick: Option<i64>,
+    /// The receive-clock time (unix ms) up to which every message has been
+    /// handed to the state, this batch's included: outputs that no fix
+    /// triggers (a reorder window's release, an idle expiry) fire once
+    /// their due time is at or before it, so a backlog delays them but
+    /// never orders them ahead of the vehicle's own fixes. An idle shard
+    /// still gets a batch with only the watermark about once a second.
+    /// `None`: nothing falls due.
+    pub watermark: Option<i64>,
+}
+
+/// A fix the state found late: older than its vehicle's last applied fix
+/// once the reorder window had passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Late {
+    /// Its position in the batch's fixes.
+    pub index: usize,
+    /// How far behind the last applied fix time it was.
+    pub by_ms: i64,
 }
 
 /// What a batch came to, for the pipeline's accounting and metrics.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Outcomes {
-    /// Fixes applied to their vehicle's state.
+    /// Fixes applied to their vehicle's state on arrival.
     pub evaluated: u64,
+    /// Fixes taken into their vehicle's reorder window.
+    pub held: u64,
+    /// Fixes that left a window and were applied with this batch.
+    pub released: u64,
     /// Fixes older than their vehicle's last applied fix: nothing changed.
-    pub out_of_order: u64,
+    pub late: Vec<Late>,
     /// Redeliveries of fixes already applied.
     pub duplicates: u64,
     /// Transitions the batch produced.
     pub enters: u64,
     pub exits: u64,
+    /// Vehicles forgotten after the idle expiry.
+    pub expired: u64,
 }
 
 /// The pipeline's side of one batch: its source positions (the messages'

@@ -558,10 +558,10 @@ fn eval(
                 );
             }
             println!(
-                "{} lines, {} evaluated, {} out of order, {} duplicate, {} skipped, {} transitions",
+                "{} lines, {} evaluated, {} late, {} duplicate, {} skipped, {} transitions",
                 report.lines,
                 report.evaluated,
-                report.out_of_order,
+                report.late,
                 report.duplicates,
                 report.skipped,
                 report.transitions

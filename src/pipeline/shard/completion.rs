@@ -5,13 +5,16 @@
 //! the pipeline.
 
 use crate::pipeline::accounting::Accounting;
+use super::router::LateFix;
+use crate::model::VehicleId;
 use crate::pipeline::metrics::{
     DUPLICATES_IGNORED_TOTAL, END_TO_END_LATENCY_SECONDS, EVENTS_EVALUATED_TOTAL,
-    EVENTS_INVALID_TOTAL, FIXES_OUT_OF_ORDER_TOTAL,
+    EVENTS_INVALID_TOTAL, FIXES_HELD_TOTAL,
 };
 use crate::sampling::SAMPLE_EVERY;
 use crate::source::{AckToken, Completions};
 use crate::state::{Completion, Outcomes};
+use tokio::sync::mpsc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
@@ -19,7 +22,7 @@ use std::time::Instant;
 /// Counts for one shard, kept as metric handles (no lookups per batch).
 pub struct ShardCounters {
     evaluated: metrics::Counter,
-    out_of_order: metrics::Counter,
+    held: metrics::Counter,
     duplicates: metrics::Counter,
     /// `geogate_events_invalid_total{reason="duplicate"}`: a redelivery the
     /// state recognised is refused as the dedup window's are.
@@ -29,39 +32,58 @@ pub struct ShardCounters {
     latency_seen: AtomicU64,
     accounting: Arc<Accounting>,
     completions: Completions,
+    /// Where late fixes go to be dead-lettered (by the router) and acked.
+    late: mpsc::UnboundedSender<LateFix>,
 }
 
 impl ShardCounters {
-    pub fn new(shard: usize, accounting: Arc<Accounting>, completions: Completions) -> Self {
+    pub fn new(
+        shard: usize,
+        accounting: Arc<Accounting>,
+        completions: Completions,
+        late: mpsc::UnboundedSender<LateFix>,
+    ) -> Self {
         Self {
             evaluated: metrics::counter!(EVENTS_EVALUATED_TOTAL, "shard" => shard.to_string()),
-            out_of_order: metrics::counter!(FIXES_OUT_OF_ORDER_TOTAL),
+            held: metrics::counter!(FIXES_HELD_TOTAL),
             duplicates: metrics::counter!(DUPLICATES_IGNORED_TOTAL, "by" => "state"),
             invalid_duplicates: metrics::counter!(EVENTS_INVALID_TOTAL, "reason" => "duplicate"),
             latency: metrics::histogram!(END_TO_END_LATENCY_SECONDS),
             latency_seen: AtomicU64::new(0),
             accounting,
             completions,
+            late,
         }
     }
 }
 
-/// One batch's messages: (ack token, received at) each. Dropped
-/// unfinished (shutdown before the batch was durable), they stay unacked
-/// and `in_queue`, and come back after the restart.
+/// One message of a batch, kept until the batch is finished: its ack
+/// token and receive time, and what its dead-letter record needs should
+/// its fix prove late.
+pub struct Message {
+    pub token: Option<AckToken>,
+    pub received_at: Instant,
+    pub topic: String,
+    pub payload: bytes::Bytes,
+    pub vehicle: VehicleId,
+    pub fix_ms: i64,
+}
+
+/// One batch's messages. Dropped unfinished (shutdown before the batch was
+/// durable), they stay unacked and `in_queue`, and come back after the
+/// restart.
 pub struct Finished {
     pub counters: Arc<ShardCounters>,
-    pub messages: Vec<(Option<AckToken>, Instant)>,
+    pub messages: Vec<Message>,
 }
 
 impl Completion for Finished {
     fn complete(self: Box<Self>, o: Outcomes) {
         let c = &self.counters;
-        c.accounting
-            .finished(o.evaluated, o.out_of_order, o.duplicates);
+        c.accounting.finished(o.evaluated, o.held, o.duplicates);
         c.accounting.transitions(o.enters + o.exits);
         c.evaluated.increment(o.evaluated);
-        c.out_of_order.increment(o.out_of_order);
+        c.held.increment(o.held);
         c.duplicates.increment(o.duplicates);
         c.invalid_duplicates.increment(o.duplicates);
         // One clock read for the batch: its messages finish together.
@@ -69,12 +91,27 @@ impl Completion for Finished {
         let first = c
             .latency_seen
             .fetch_add(self.messages.len() as u64, Relaxed);
-        for (i, (token, received_at)) in self.messages.into_iter().enumerate() {
+        let mut late = o.late.iter().peekable();
+        for (i, m) in self.messages.into_iter().enumerate() {
+            if late.peek().is_some_and(|l| l.index == i) {
+                let by_ms = late.next().map_or(0, |l| l.by_ms);
+                // Finished by the router once its dead letter is written;
+                // if the router has gone (shutdown), it stays unacked.
+                let _ = c.late.send(LateFix {
+                    token: m.token,
+                    topic: m.topic,
+                    payload: m.payload,
+                    vehicle: m.vehicle,
+                    fix_ms: m.fix_ms,
+                    by_ms,
+                });
+                continue;
+            }
             if (first + i as u64).is_multiple_of(SAMPLE_EVERY) {
                 c.latency
-                    .record(now.saturating_duration_since(received_at).as_secs_f64());
+                    .record(now.saturating_duration_since(m.received_at).as_secs_f64());
             }
-            c.completions.done(token);
+            c.completions.done(m.token);
         }
     }
 }

@@ -33,8 +33,15 @@ pub struct Admitted {
     pub lat: f64,
     pub lon: f64,
     pub received_at: Instant,
+    /// `received_at` on the receive clock (unix ms).
+    pub received_ms: i64,
     /// See [`crate::source::Envelope::redelivered`].
     pub redelivered: bool,
+    /// [`crate::codec::message_digest`] of the message.
+    pub digest: u64,
+    /// The message itself, for the dead letter should the fix prove late.
+    pub topic: String,
+    pub payload: bytes::Bytes,
 }
 
 impl Admitted {
@@ -46,6 +53,8 @@ impl Admitted {
             lat: self.lat,
             lon: self.lon,
             redelivered: self.redelivered,
+            received_ms: self.received_ms,
+            digest: self.digest,
         }
     }
 }

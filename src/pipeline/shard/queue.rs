@@ -164,6 +164,12 @@ impl QueueReceiver {
         taken
     }
 
+    /// Whether nothing is queued now: every event sent so far has been
+    /// taken.
+    pub fn is_empty(&self) -> bool {
+        self.held.len() == 0 && self.rx.is_empty()
+    }
+
     /// Takes one event if one is queued, without waiting.
     #[cfg(test)]
     pub(crate) fn try_take(&mut self) -> Option<Admitted> {
@@ -209,7 +215,11 @@ mod tests {
             lat: 0.0,
             lon: 0.0,
             received_at: Instant::now(),
+            received_ms: fix_ms,
             redelivered: false,
+            digest: fix_ms as u64,
+            topic: String::new(),
+            payload: bytes::Bytes::new(),
         }
     }
 

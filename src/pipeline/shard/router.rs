@@ -15,7 +15,8 @@ use crate::model::Priority;
 use crate::pipeline::accounting::Accounting;
 use crate::pipeline::decode::Decoded;
 use crate::pipeline::metrics::{
-    DUPLICATES_IGNORED_TOTAL, EVENTS_INVALID_TOTAL, EVENTS_RECEIVED_TOTAL,
+    DUPLICATES_IGNORED_TOTAL, EVENTS_INVALID_TOTAL, EVENTS_RECEIVED_TOTAL, FIXES_LATE_TOTAL,
+    MESSAGES_IGNORED_TOTAL,
 };
 use crate::shutdown::Drain;
 use crate::sink::dead_letter::{DeadLetter, DeadLetterSink};
@@ -49,11 +50,28 @@ pub struct Router<C: Clock> {
     /// Refusals whose records wait in the dead letter's queue, in order.
     pub refused: Vec<Refused>,
     pub counters: RefusalCounters,
+    /// Fixes the state found late, to be dead-lettered and then acked.
+    pub late: mpsc::UnboundedReceiver<LateFix>,
+}
+
+/// A fix older than its vehicle's last applied fix once its window had
+/// passed: its message goes to the dead letter (reason `late`, with how
+/// late it was) so that it can be reprocessed, and is acked only then.
+#[derive(Debug)]
+pub struct LateFix {
+    pub token: Option<AckToken>,
+    pub topic: String,
+    pub payload: bytes::Bytes,
+    pub vehicle: crate::model::VehicleId,
+    pub fix_ms: i64,
+    /// How far behind the vehicle's last applied fix time it was.
+    pub by_ms: i64,
 }
 
 /// The slot of `shed` among the dead-letter counters, after the codec's
-/// reasons.
+/// reasons; `late` follows it.
 const SHED: usize = Reason::ALL.len();
+const LATE: usize = SHED + 1;
 
 /// The refusal metrics' handles, looked up once. Why: a `counter!` with a
 /// label is a registry lookup (a hash of the name and labels, and a read
@@ -63,10 +81,15 @@ pub struct RefusalCounters {
     /// `geogate_events_invalid_total{reason}`, by [`Reason`] as an index.
     invalid: [metrics::Counter; Reason::ALL.len()],
     /// `geogate_dead_letter_written_total{reason}`: each [`Reason`] at its
-    /// index, then `shed` at [`SHED`].
-    written: [metrics::Counter; SHED + 1],
+    /// index, then `shed` at [`SHED`] and `late` at [`LATE`].
+    written: [metrics::Counter; LATE + 1],
     /// `geogate_duplicates_ignored_total{by="window"}`.
     window_duplicates: metrics::Counter,
+    /// `geogate_messages_ignored_total{reason}`, by [`Reason`] as an index
+    /// (only the ignored reasons' are ever incremented).
+    ignored: [metrics::Counter; Reason::ALL.len()],
+    /// `geogate_fixes_late_total`.
+    late: metrics::Counter,
 }
 
 impl RefusalCounters {
@@ -77,10 +100,17 @@ impl RefusalCounters {
             invalid: Reason::ALL
                 .map(|r| metrics::counter!(EVENTS_INVALID_TOTAL, "reason" => r.as_str())),
             written: std::array::from_fn(|i| {
-                let reason = Reason::ALL.get(i).map_or("shed", Reason::as_str);
+                let reason = match i {
+                    SHED => "shed",
+                    LATE => "late",
+                    _ => Reason::ALL[i].as_str(),
+                };
                 metrics::counter!(DEAD_LETTER_WRITTEN_TOTAL, "reason" => reason)
             }),
             window_duplicates: metrics::counter!(DUPLICATES_IGNORED_TOTAL, "by" => "window"),
+            ignored: Reason::ALL
+                .map(|r| metrics::counter!(MESSAGES_IGNORED_TOTAL, "reason" => r.as_str())),
+            late: metrics::counter!(FIXES_LATE_TOTAL),
         }
     }
 }
@@ -108,6 +138,7 @@ enum Refusal {
         shard: usize,
         global: bool,
     },
+    Late,
 }
 
 fn unix_ms() -> i64 {
@@ -146,7 +177,21 @@ impl<C: Clock> Router<C> {
     pub async fn run(mut self, mut intake: mpsc::Receiver<Vec<Decoded>>) -> DeadLetterSink {
         let received = metrics::counter!(EVENTS_RECEIVED_TOTAL);
         let mut since_flush = 0;
-        while let Some(batch) = intake.recv().await {
+        loop {
+            let batch = tokio::select! {
+                batch = intake.recv() => match batch {
+                    Some(batch) => batch,
+                    None => break,
+                },
+                Some(late) = self.late.recv() => {
+                    self.refuse_late(late);
+                    while let Ok(late) = self.late.try_recv() {
+                        self.refuse_late(late);
+                    }
+                    self.finish_refusals().await;
+                    continue;
+                }
+            };
             // Received = taken by the router: a message still in a decode
             // lane at a crash was never counted, nor acked. Counted per
             // batch: every message of it is routed before the next recv.
@@ -174,7 +219,40 @@ impl<C: Clock> Router<C> {
             }
         }
         self.flush().await;
+        // The workers end once their queues close, which dropping the
+        // inputs does; their last late fixes still reach the dead letter,
+        // until every sender has gone or the drain deadline passes.
+        self.shards.clear();
+        loop {
+            tokio::select! {
+                late = self.late.recv() => match late {
+                    Some(late) => {
+                        self.refuse_late(late);
+                        self.finish_refusals().await;
+                    }
+                    None => break,
+                },
+                _ = self.drain.wait() => break,
+            }
+        }
         self.dead_letter
+    }
+
+    /// Queues a late fix's dead-letter record.
+    fn refuse_late(&mut self, late: LateFix) {
+        let record = DeadLetter::new(
+            unix_ms(),
+            &late.topic,
+            "late",
+            format!(
+                "fix of {} at {} ms is {:.3} s older than its vehicle's last applied fix, after the reorder window (pipeline.reorder_window_ms): no transition; reprocess it from here if it matters",
+                late.vehicle,
+                late.fix_ms,
+                late.by_ms as f64 / 1000.0
+            ),
+            &late.payload,
+        );
+        self.refuse(Refusal::Late, record, late.token);
     }
 
     /// Hands every shard's burst to its worker, then finishes the
@@ -223,8 +301,12 @@ impl<C: Clock> Router<C> {
                 // Shutdown came first: not written, so not finished; the
                 // broker redelivers them after the restart.
                 self.dead_letter.discard_unwritten();
-                for _ in self.refused.drain(..) {
-                    self.accounting.abandoned();
+                for r in self.refused.drain(..) {
+                    // A late fix was admitted, so it already counts as in
+                    // queue until finished.
+                    if !matches!(r.refusal, Refusal::Late) {
+                        self.accounting.abandoned();
+                    }
                 }
                 return;
             }
@@ -250,12 +332,18 @@ impl<C: Clock> Router<C> {
             }
             Refusal::Shed { shard, global } => {
                 self.accounting.shed();
-                let input = &self.shards[shard];
-                match (global, &input.shed_global) {
-                    (true, Some(counter)) => counter.increment(1),
-                    _ => input.shed.increment(1),
+                if let Some(input) = self.shards.get(shard) {
+                    match (global, &input.shed_global) {
+                        (true, Some(counter)) => counter.increment(1),
+                        _ => input.shed.increment(1),
+                    }
                 }
                 SHED
+            }
+            Refusal::Late => {
+                self.accounting.late();
+                self.counters.late.increment(1);
+                LATE
             }
         };
         self.counters.written[written].increment(1);
@@ -296,29 +384,36 @@ impl<C: Clock> Router<C> {
         let Decoded {
             envelope: item,
             fix,
+            received_ms,
+            digest,
         } = decoded;
         let fix = match fix {
             Ok(fix) => fix,
+            Err(e) if e.reason.is_ignored() => {
+                // Routine traffic, not bad input: counted and acked.
+                self.accounting.ignored();
+                self.counters.ignored[e.reason.index()].increment(1);
+                self.completions.done(item.token);
+                return None;
+            }
             Err(e) => {
                 self.refuse_invalid(e, item);
                 return None;
             }
         };
-        // Worked out once: it picks the shard and keys the dedup window.
-        let routing = VehicleHash::of(&fix.vehicle);
-        if !self
-            .dedup
-            .first_sighting(&fix.vehicle, routing, fix.fix_time_ms)
-        {
+        if !self.dedup.first_sighting(digest) {
             self.counters.window_duplicates.increment(1);
             let duplicate = codec::DecodeError::new(
                 Reason::Duplicate,
-                format!("({}, {}) already seen", fix.vehicle, fix.fix_time_ms),
+                format!(
+                    "the same message (topic and payload) was seen within the last codec.dedup_window = {} messages: a redelivery or a repeat",
+                    self.codec.dedup_window
+                ),
             );
             self.refuse_invalid(duplicate, item);
             return None;
         }
-        let shard_index = routing.shard(self.shards.len());
+        let shard_index = VehicleHash::of(&fix.vehicle).shard(self.shards.len());
         let admitted = Admitted {
             token: item.token,
             vehicle: fix.vehicle,
@@ -326,7 +421,11 @@ impl<C: Clock> Router<C> {
             lat: fix.lat,
             lon: fix.lon,
             received_at: item.received_at,
+            received_ms,
             redelivered: item.redelivered,
+            digest,
+            topic: item.topic,
+            payload: item.payload,
         };
         let shard = &mut self.shards[shard_index];
         let clock = &self.clock;
@@ -396,10 +495,10 @@ impl<C: Clock> Router<C> {
         };
         let mut record = DeadLetter::new(
             unix_ms(),
-            &item.topic,
+            &admitted.topic,
             "shed",
             format!("{gate} gate refused a low-priority event above the watermark ({why})"),
-            &item.payload,
+            &admitted.payload,
         );
         record.shard = Some(shard_index);
         record.gate = Some(gate.into());
@@ -410,7 +509,7 @@ impl<C: Clock> Router<C> {
                 global: matches!(cause, ShedCause::Global(_)),
             },
             record,
-            item.token,
+            admitted.token,
         );
         Some(verdict)
     }
@@ -486,6 +585,7 @@ mod tests {
             drain: Drain::never(),
             refused: Vec::new(),
             counters: RefusalCounters::new(),
+            late: mpsc::unbounded_channel().1,
         };
         if records.len() != steps.len() {
             return Err(format!("{} records, {} steps", records.len(), steps.len()));

@@ -4,20 +4,25 @@
 //! state backend says its batch is durable (see [`crate::state`]).
 
 use super::Admitted;
-use super::completion::{Finished, ShardCounters};
+use super::completion::{Finished, Message, ShardCounters};
+use crate::clock::receive_now_ms;
 use super::queue::QueueReceiver;
 use crate::geofence::{FenceIndex, Fix};
 use crate::shutdown::Drain;
 use crate::state::{Batch, ShardState};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 /// Most fixes taken from the queue per batch (and so per commit request).
 const BATCH: usize = 256;
 
-/// How often an idle worker hands its state a batch with only the tick.
-const TICK: Duration = Duration::from_secs(1);
+/// How often an idle worker hands its state a batch with only the
+/// watermark, so that outputs that fall due without a fix (a window's
+/// release, an expiry) fire.
+/// A quarter second: a window's release waits at most this long past its
+/// due time on a quiet shard, for 4 wake-ups a second.
+const TICK: Duration = Duration::from_millis(250);
 
 /// Everything a worker needs besides its queue and its state.
 pub struct WorkerContext {
@@ -71,15 +76,34 @@ pub async fn worker(mut rx: QueueReceiver, mut state: Box<dyn ShardState>, mut c
             .has_changed()
             .unwrap_or(false)
             .then(|| ctx.fences.borrow_and_update().clone());
+        // Every message received up to the watermark has been handed in:
+        // all of them, when the queue is empty now; else those up to the
+        // newest in this batch (the queue is in receive order).
+        let watermark = if rx.is_empty() {
+            receive_now_ms()
+        } else {
+            batch.iter().map(|a| a.received_ms).max().unwrap_or(i64::MIN)
+        };
+        let messages = batch
+            .iter_mut()
+            .map(|a| Message {
+                token: a.token,
+                received_at: a.received_at,
+                topic: std::mem::take(&mut a.topic),
+                payload: std::mem::take(&mut a.payload),
+                vehicle: a.vehicle.clone(),
+                fix_ms: a.fix_ms,
+            })
+            .collect();
         let fixes: Vec<Fix<'_>> = batch.iter().map(Admitted::fix).collect();
         let done = Box::new(Finished {
             counters: ctx.counters.clone(),
-            messages: batch.iter().map(|a| (a.token, a.received_at)).collect(),
+            messages,
         });
         let input = Batch {
             fences,
             fixes: &fixes,
-            tick: Some(unix_ms()),
+            watermark: Some(watermark),
         };
         let applied = state.apply(input, done).await;
         drop(fixes);
@@ -88,11 +112,4 @@ pub async fn worker(mut rx: QueueReceiver, mut state: Box<dyn ShardState>, mut c
             break;
         }
     }
-}
-
-/// The receive clock, in unix milliseconds.
-fn unix_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }

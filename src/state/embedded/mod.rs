@@ -449,7 +449,7 @@ mod tests {
             &crate::geofence::VehicleSnapshot {
                 last_fix_ms: 1_000,
                 members: vec!["depot".into()],
-                pending: vec![],
+                ..Default::default()
             },
             &mut record,
         );

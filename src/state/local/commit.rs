@@ -17,8 +17,10 @@ use crate::geofence::Transition;
 use crate::model::VehicleId;
 use crate::shutdown::Drain;
 use crate::sink::metrics::{SINK_HEALTHY, SINK_WRITE_FAILURES_TOTAL};
+use crate::clock::receive_now_ms;
 use crate::state::metrics::{
     STATE_COMMIT_BATCHES, STATE_COMMIT_DURATION_SECONDS, STATE_STORE_BYTES,
+    TRANSITION_LATENCY_SECONDS,
 };
 use crate::state::{Completion, Outcomes};
 use std::collections::HashMap;
@@ -123,6 +125,7 @@ impl Committer {
         let size = metrics::gauge!(STATE_STORE_BYTES);
         let failures = metrics::counter!(SINK_WRITE_FAILURES_TOTAL, "sink" => "state");
         let healthy = metrics::gauge!(SINK_HEALTHY, "sink" => "state");
+        let latency = metrics::histogram!(TRANSITION_LATENCY_SECONDS);
         healthy.set(1.0);
         size.set(self.store.size_bytes() as f64);
         let mut last_size_check = Instant::now();
@@ -160,11 +163,13 @@ impl Committer {
             let mut messages = 0;
             let first_seq = self.next_seq;
             let mut latest = LatestChanges::default();
+            let mut received = Vec::new();
             for request in waiting.drain(..) {
                 latest.add(&mut batch.vehicles, request.vehicles);
                 for t in &request.transitions {
                     batch.outbox.push(OutboxEntry::new(self.next_seq, t));
                     self.next_seq += 1;
+                    received.push(t.received_ms);
                 }
                 messages += request.fixes;
                 finished.push((request.done, request.outcomes));
@@ -186,9 +191,14 @@ impl Committer {
             duration.record(started.elapsed().as_secs_f64());
             previous_commit = Some(Instant::now());
             crash_point::reached("commit.after");
+            let latency = latency.clone();
             let _ = self.relay.send(Committed {
                 entries: batch.outbox,
                 then: Box::new(move || {
+                    let written = receive_now_ms();
+                    for at in received {
+                        latency.record(written.saturating_sub(at).max(0) as f64 / 1000.0);
+                    }
                     for (done, outcomes) in finished {
                         done.complete(outcomes);
                     }

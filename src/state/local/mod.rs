@@ -139,12 +139,41 @@ impl LocalBackend {
             durable,
             settings: ctx.settings,
             per_fence_labels: ctx.per_fence_labels,
-            restored: recovered.vehicles,
+            restored: resume_receive_clock(recovered.vehicles, crate::clock::receive_now_ms()),
             committer,
             relay,
             publisher,
         })
     }
+}
+
+/// Moves the restored vehicles' receive-clock times forward by the time
+/// geogate was down, so that an outage is not idleness: a weekend's stop
+/// does not expire the fleet at the restart. The store does not record
+/// when it stopped; the last time any vehicle was heard from stands in
+/// for it. A record from before receive times were kept counts as heard
+/// from now.
+pub fn resume_receive_clock(
+    mut vehicles: Vec<(VehicleId, VehicleSnapshot)>,
+    now_ms: i64,
+) -> Vec<(VehicleId, VehicleSnapshot)> {
+    let stopped = vehicles
+        .iter()
+        .map(|(_, s)| s.last_heard_ms)
+        .filter(|&t| t != record::HEARD_UNKNOWN)
+        .max();
+    let down_ms = stopped.map_or(0, |t| now_ms.saturating_sub(t).max(0));
+    for (_, s) in &mut vehicles {
+        s.last_heard_ms = if s.last_heard_ms == record::HEARD_UNKNOWN {
+            now_ms
+        } else {
+            s.last_heard_ms.saturating_add(down_ms)
+        };
+        for held in &mut s.window {
+            held.received_ms = held.received_ms.saturating_add(down_ms);
+        }
+    }
+    vehicles
 }
 
 impl Backend for LocalBackend {
@@ -154,7 +183,7 @@ impl Backend for LocalBackend {
 
     fn shard(
         &mut self,
-        _shard: usize,
+        shard: usize,
         index: Arc<FenceIndex>,
         restored: Vec<(VehicleId, VehicleSnapshot)>,
     ) -> Box<dyn ShardState> {
@@ -166,6 +195,7 @@ impl Backend for LocalBackend {
             evaluator.restore(vehicle, &snapshot);
         }
         Box::new(LocalShard::new(
+            shard,
             evaluator,
             self.commits.clone(),
             self.durable,
@@ -254,6 +284,8 @@ mod tests {
             lat: 50.005,
             lon: 10.005,
             redelivered: false,
+            received_ms: fix_ms,
+            digest: Fix::position_digest(fix_ms, 50.005, 10.005),
         };
         let lines = || std::fs::read_to_string(&events).unwrap_or_default();
 
@@ -262,7 +294,7 @@ mod tests {
         let batch = Batch {
             fences: None,
             fixes: &before,
-            tick: None,
+            watermark: None,
         };
         shard
             .apply(batch, Box::new(Told(told.clone())))
@@ -271,7 +303,10 @@ mod tests {
         let first = heard.recv().await.unwrap();
         let applied_and_late = Outcomes {
             evaluated: 1,
-            out_of_order: 1,
+            late: vec![crate::state::Late {
+                index: 1,
+                by_ms: 500,
+            }],
             ..Outcomes::default()
         };
         assert_eq!(first, applied_and_late);
@@ -283,7 +318,7 @@ mod tests {
         let batch = Batch {
             fences: Some(index(FENCE_A)),
             fixes: &after,
-            tick: None,
+            watermark: None,
         };
         shard
             .apply(batch, Box::new(Told(told.clone())))
@@ -296,7 +331,7 @@ mod tests {
         let tick = Batch {
             fences: None,
             fixes: &[],
-            tick: Some(3_000),
+            watermark: Some(3_000),
         };
         shard.apply(tick, Box::new(Told(told))).await.unwrap();
         assert_eq!(heard.recv().await.unwrap(), Outcomes::default());

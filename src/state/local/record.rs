@@ -4,18 +4,28 @@
 //! encodes each vehicle it touched
 //! (docs/decisions/0014-vehicle-record-binary-encoding.md has both figures).
 //!
-//! Layout (version 1): `1`, `last_fix_ms` (i64 LE), varint member count,
+//! Layout (version 2): `2`, `last_fix_ms` (i64 LE), `last_heard_ms` (i64
+//! LE), varint digest count, each digest as u64 LE, varint member count,
 //! each member as varint length + UTF-8 id, varint pending count, each
-//! pending dwell as varint length + UTF-8 id + first fix time (i64 LE).
+//! pending dwell as varint length + UTF-8 id + first fix time (i64 LE),
+//! varint window count, each held fix as fix time, lat, lon, received time
+//! and digest (8 bytes LE each).
+//!
+//! Version 1 (no receive time, digests or window) is still read: its
+//! vehicle was last heard from when the store was last written, which
+//! [`decode`] marks as [`HEARD_UNKNOWN`] for the backend to fill in.
 
-use crate::geofence::VehicleSnapshot;
+use crate::geofence::{HeldFix, VehicleSnapshot};
 use crate::model::FenceId;
 
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
+
+/// `last_heard_ms` of a version 1 record.
+pub const HEARD_UNKNOWN: i64 = i64::MIN;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RecordError {
-    #[error("unknown record version {0} (this geogate reads version {VERSION})")]
+    #[error("unknown record version {0} (this geogate reads versions 1 and {VERSION})")]
     Version(u8),
     #[error("record ends early at byte {0}")]
     Truncated(usize),
@@ -28,6 +38,11 @@ pub enum RecordError {
 pub fn encode(snapshot: &VehicleSnapshot, out: &mut Vec<u8>) {
     out.push(VERSION);
     out.extend_from_slice(&snapshot.last_fix_ms.to_le_bytes());
+    out.extend_from_slice(&snapshot.last_heard_ms.to_le_bytes());
+    put_varint(out, snapshot.last_digests.len() as u64);
+    for d in &snapshot.last_digests {
+        out.extend_from_slice(&d.to_le_bytes());
+    }
     put_varint(out, snapshot.members.len() as u64);
     for id in &snapshot.members {
         put_str(out, id);
@@ -37,27 +52,55 @@ pub fn encode(snapshot: &VehicleSnapshot, out: &mut Vec<u8>) {
         put_str(out, id);
         out.extend_from_slice(&since.to_le_bytes());
     }
+    put_varint(out, snapshot.window.len() as u64);
+    for h in &snapshot.window {
+        out.extend_from_slice(&h.fix_ms.to_le_bytes());
+        out.extend_from_slice(&h.lat.to_le_bytes());
+        out.extend_from_slice(&h.lon.to_le_bytes());
+        out.extend_from_slice(&h.received_ms.to_le_bytes());
+        out.extend_from_slice(&h.digest.to_le_bytes());
+    }
 }
 
 pub fn decode(bytes: &[u8]) -> Result<VehicleSnapshot, RecordError> {
     let mut r = Reader { bytes, at: 0 };
     let version = r.byte()?;
-    if version != VERSION {
+    if version != 1 && version != VERSION {
         return Err(RecordError::Version(version));
     }
     let last_fix_ms = r.i64()?;
-    let members = (0..r.count()?).map(|_| r.str()).collect::<Result<_, _>>()?;
-    let pending = (0..r.count()?)
+    let mut snapshot = VehicleSnapshot {
+        last_fix_ms,
+        last_heard_ms: HEARD_UNKNOWN,
+        ..VehicleSnapshot::default()
+    };
+    if version >= 2 {
+        snapshot.last_heard_ms = r.i64()?;
+        snapshot.last_digests = (0..r.count()?)
+            .map(|_| r.u64())
+            .collect::<Result<_, _>>()?;
+    }
+    snapshot.members = (0..r.count()?).map(|_| r.str()).collect::<Result<_, _>>()?;
+    snapshot.pending = (0..r.count()?)
         .map(|_| Ok((r.str()?, r.i64()?)))
         .collect::<Result<_, _>>()?;
+    if version >= 2 {
+        snapshot.window = (0..r.count()?)
+            .map(|_| {
+                Ok(HeldFix {
+                    fix_ms: r.i64()?,
+                    lat: f64::from_bits(r.u64()?),
+                    lon: f64::from_bits(r.u64()?),
+                    received_ms: r.i64()?,
+                    digest: r.u64()?,
+                })
+            })
+            .collect::<Result<_, _>>()?;
+    }
     if r.at != bytes.len() {
         return Err(RecordError::Trailing(bytes.len() - r.at));
     }
-    Ok(VehicleSnapshot {
-        last_fix_ms,
-        members,
-        pending,
-    })
+    Ok(snapshot)
 }
 
 pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
@@ -105,9 +148,13 @@ impl<'a> Reader<'a> {
     }
 
     fn i64(&mut self) -> Result<i64, RecordError> {
+        Ok(self.u64()? as i64)
+    }
+
+    fn u64(&mut self) -> Result<u64, RecordError> {
         let mut raw = [0u8; 8];
         raw.copy_from_slice(self.take(8)?);
-        Ok(i64::from_le_bytes(raw))
+        Ok(u64::from_le_bytes(raw))
     }
 
     fn varint(&mut self) -> Result<u64, RecordError> {
@@ -148,17 +195,36 @@ mod tests {
 
     fn snapshot() -> impl Strategy<Value = VehicleSnapshot> {
         (
-            any::<i64>(),
+            (any::<i64>(), any::<i64>()),
+            proptest::collection::vec(any::<u64>(), 0..4),
             proptest::collection::vec("\\PC{0,40}", 0..5),
             proptest::collection::vec(("\\PC{0,300}", any::<i64>()), 0..3),
+            proptest::collection::vec(
+                (any::<i64>(), -90.0..90.0f64, -180.0..180.0f64, any::<i64>(), any::<u64>()),
+                0..4,
+            ),
         )
-            .prop_map(|(last_fix_ms, members, pending)| VehicleSnapshot {
-                last_fix_ms,
-                members: members.into_iter().map(FenceId::from).collect(),
-                pending: pending
-                    .into_iter()
-                    .map(|(id, t)| (FenceId::from(id), t))
-                    .collect(),
+            .prop_map(|((last_fix_ms, last_heard_ms), last_digests, members, pending, window)| {
+                VehicleSnapshot {
+                    last_fix_ms,
+                    last_digests,
+                    last_heard_ms,
+                    members: members.into_iter().map(FenceId::from).collect(),
+                    pending: pending
+                        .into_iter()
+                        .map(|(id, t)| (FenceId::from(id), t))
+                        .collect(),
+                    window: window
+                        .into_iter()
+                        .map(|(fix_ms, lat, lon, received_ms, digest)| HeldFix {
+                            fix_ms,
+                            lat,
+                            lon,
+                            received_ms,
+                            digest,
+                        })
+                        .collect(),
+                }
             })
     }
 
@@ -184,14 +250,33 @@ mod tests {
     fn a_vehicle_in_one_fence_costs_few_bytes() {
         let s = VehicleSnapshot {
             last_fix_ms: 1_772_427_600_000,
+            last_digests: vec![7],
+            last_heard_ms: 1_772_427_601_000,
             members: vec!["depot-17".into()],
             pending: vec![],
+            window: vec![],
         };
         let mut bytes = Vec::new();
         encode(&s, &mut bytes);
-        assert_eq!(bytes.len(), 1 + 8 + 1 + 1 + 8 + 1);
-        assert_eq!(decode(&[2]), Err(RecordError::Version(2)));
+        assert_eq!(bytes.len(), 1 + 8 + 8 + 1 + 8 + 1 + 1 + 8 + 1 + 1);
+        assert_eq!(decode(&[3]), Err(RecordError::Version(3)));
         bytes.push(0);
         assert_eq!(decode(&bytes), Err(RecordError::Trailing(1)));
+    }
+
+    /// A version 1 record (before receive times, digests and windows) is
+    /// still read, its receive time marked unknown.
+    #[test]
+    fn reads_version_1() {
+        let mut v1 = vec![1];
+        v1.extend_from_slice(&1_772_427_600_000i64.to_le_bytes());
+        v1.push(1);
+        put_str(&mut v1, "depot-17");
+        v1.push(0);
+        let s = decode(&v1).unwrap();
+        assert_eq!(s.last_fix_ms, 1_772_427_600_000);
+        assert_eq!(s.last_heard_ms, HEARD_UNKNOWN);
+        assert_eq!(s.members, vec![FenceId::from("depot-17")]);
+        assert!(s.window.is_empty() && s.last_digests.is_empty());
     }
 }

@@ -9,11 +9,12 @@ use crate::geofence::{Evaluator, Fix, FixOutcome, Transition, TransitionKind, Ve
 use crate::model::VehicleId;
 use crate::sampling::SAMPLE_EVERY;
 use crate::state::metrics::{
-    EVALUATION_DURATION_SECONDS, FENCE_TRANSITIONS_BY_FENCE_TOTAL, RuleCounters,
+    EVALUATION_DURATION_SECONDS, FENCE_TRANSITIONS_BY_FENCE_TOTAL, REORDER_WINDOW_FIXES,
+    RuleCounters, VEHICLES_EXPIRED_TOTAL,
 };
-use crate::state::{Batch, BoxFuture, Completion, Outcomes, ShardState, Stopped};
+use crate::state::{Batch, BoxFuture, Completion, Late, Outcomes, ShardState, Stopped};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 pub struct LocalShard {
     evaluator: Evaluator,
@@ -23,21 +24,28 @@ pub struct LocalShard {
     per_fence_labels: bool,
     eval_time: metrics::Histogram,
     rules: RuleCounters,
+    window_fixes: metrics::Gauge,
+    expired: metrics::Counter,
     /// Evaluations so far, for the sampling stride of `eval_time`.
     evaluations: u64,
     /// The evaluator's overflow count already reported.
     overflow_seen: u64,
     changed: Vec<(VehicleId, Option<VehicleSnapshot>)>,
+    /// Resolves once the restored state's write-back is committed.
+    restored_written: Option<oneshot::Receiver<()>>,
 }
 
 impl LocalShard {
     pub fn new(
+        shard: usize,
         evaluator: Evaluator,
         commits: mpsc::Sender<CommitRequest>,
         durable: bool,
         per_fence_labels: bool,
     ) -> Self {
-        Self {
+        let mut shard = Self {
+            window_fixes: metrics::gauge!(REORDER_WINDOW_FIXES, "shard" => shard.to_string()),
+            expired: metrics::counter!(VEHICLES_EXPIRED_TOTAL),
             evaluator,
             commits,
             durable,
@@ -47,12 +55,20 @@ impl LocalShard {
             evaluations: 0,
             overflow_seen: 0,
             changed: Vec::new(),
-        }
+            restored_written: None,
+        };
+        shard.write_back_restored();
+        shard
     }
 
-    /// Evaluates the batch's fixes in order; returns what they came to and
-    /// the transitions they produced.
-    fn evaluate(&mut self, fixes: &[Fix<'_>]) -> (Outcomes, Vec<Transition>) {
+    /// Takes the batch's fixes in order, then whatever falls due by the
+    /// watermark; returns what they came to and the transitions they
+    /// produced.
+    fn evaluate(
+        &mut self,
+        fixes: &[Fix<'_>],
+        watermark: Option<i64>,
+    ) -> (Outcomes, Vec<Transition>) {
         let mut outcomes = Outcomes::default();
         let mut transitions = Vec::new();
         // `Some` when the batch's fences were looked up together.
@@ -74,20 +90,23 @@ impl LocalShard {
                 self.eval_time
                     .record((started.elapsed() + share).as_secs_f64());
             }
-            for t in &transitions[before..] {
-                match t.event {
-                    TransitionKind::Enter => outcomes.enters += 1,
-                    TransitionKind::Exit => outcomes.exits += 1,
-                }
-                if self.per_fence_labels {
-                    metrics::counter!(FENCE_TRANSITIONS_BY_FENCE_TOTAL, "fence" => t.fence.to_string(), "kind" => t.event.as_str()).increment(1);
-                }
-            }
+            self.count(&transitions[before..], &mut outcomes);
             match outcome {
                 FixOutcome::Applied => outcomes.evaluated += 1,
-                FixOutcome::OutOfOrder => outcomes.out_of_order += 1,
+                FixOutcome::Held => outcomes.held += 1,
+                FixOutcome::Late { by_ms } => outcomes.late.push(Late { index: i, by_ms }),
                 FixOutcome::Duplicate => outcomes.duplicates += 1,
             }
+        }
+        if let Some(watermark) = watermark {
+            let before = transitions.len();
+            outcomes.released = self.evaluator.release_due(watermark, &mut transitions);
+            outcomes.expired = self.evaluator.expire_idle(watermark, &mut transitions) as u64;
+            self.count(&transitions[before..], &mut outcomes);
+            self.expired.increment(outcomes.expired);
+        }
+        if outcomes.held > 0 || outcomes.released > 0 {
+            self.window_fixes.set(self.evaluator.held_now() as f64);
         }
         let overflowed = self.evaluator.stats().membership_overflow;
         self.rules.record(
@@ -97,6 +116,19 @@ impl LocalShard {
         );
         self.overflow_seen = overflowed;
         (outcomes, transitions)
+    }
+
+    /// Counts transitions by kind (and by fence, when asked).
+    fn count(&self, transitions: &[Transition], outcomes: &mut Outcomes) {
+        for t in transitions {
+            match t.event {
+                TransitionKind::Enter => outcomes.enters += 1,
+                TransitionKind::Exit => outcomes.exits += 1,
+            }
+            if self.per_fence_labels {
+                metrics::counter!(FENCE_TRANSITIONS_BY_FENCE_TOTAL, "fence" => t.fence.to_string(), "kind" => t.event.as_str()).increment(1);
+            }
+        }
     }
 
     /// Looks up the batch's fences together when that pays: an index past
@@ -119,8 +151,31 @@ impl LocalShard {
         }))
     }
 
-    /// The vehicles the batch changed, encoded for a durable store.
+    /// Commits what [`Evaluator::restore`] changed (memberships of fences
+    /// no longer in the set), before the shard's first batch is applied.
+    fn write_back_restored(&mut self) {
+        if !self.durable || !self.evaluator.has_changes() {
+            return;
+        }
+        let (tx, rx) = oneshot::channel();
+        let request = CommitRequest {
+            vehicles: self.changed_records(),
+            transitions: Vec::new(),
+            outcomes: Outcomes::default(),
+            fixes: 0,
+            done: Box::new(Written(tx)),
+        };
+        let commits = self.commits.clone();
+        tokio::spawn(async move { commits.send(request).await });
+        self.restored_written = Some(rx);
+    }
+
+    /// The vehicles the batch changed, encoded for a durable store (none
+    /// for the memory store, which keeps nothing).
     fn changed_records(&mut self) -> Vec<VehicleChange> {
+        if !self.durable {
+            return Vec::new();
+        }
         self.evaluator.take_changed(&mut self.changed);
         self.changed
             .drain(..)
@@ -142,28 +197,39 @@ impl ShardState for LocalShard {
         batch: Batch<'a>,
         done: Box<dyn Completion>,
     ) -> BoxFuture<'a, Result<(), Stopped>> {
-        if let Some(index) = batch.fences {
-            self.evaluator.swap_index(index);
-        }
-        if batch.fixes.is_empty() {
-            // A tick alone: nothing to commit.
-            done.complete(Outcomes::default());
-            return Box::pin(async { Ok(()) });
-        }
-        let fixes = batch.fixes.len();
-        let (outcomes, transitions) = self.evaluate(batch.fixes);
-        let vehicles = if self.durable {
-            self.changed_records()
-        } else {
-            Vec::new()
-        };
-        let request = CommitRequest {
-            vehicles,
-            transitions,
-            outcomes,
-            fixes,
-            done,
-        };
-        Box::pin(async move { self.commits.send(request).await.map_err(|_| Stopped) })
+        Box::pin(async move {
+            if let Some(written) = self.restored_written.take() {
+                // What restore() dropped must be durable before anything,
+                // a fence reload in particular, builds on it.
+                written.await.map_err(|_| Stopped)?;
+            }
+            if let Some(index) = batch.fences {
+                self.evaluator.swap_index(index);
+            }
+            let fixes = batch.fixes.len();
+            let (outcomes, transitions) = self.evaluate(batch.fixes, batch.watermark);
+            if fixes == 0 && transitions.is_empty() && !self.evaluator.has_changes() {
+                // Nothing arrived and nothing fell due: nothing to commit.
+                done.complete(outcomes);
+                return Ok(());
+            }
+            let request = CommitRequest {
+                vehicles: self.changed_records(),
+                transitions,
+                outcomes,
+                fixes,
+                done,
+            };
+            self.commits.send(request).await.map_err(|_| Stopped)
+        })
+    }
+}
+
+/// Tells a shard that its restored state's write-back is committed.
+struct Written(oneshot::Sender<()>);
+
+impl Completion for Written {
+    fn complete(self: Box<Self>, _: Outcomes) {
+        let _ = self.0.send(());
     }
 }

@@ -7,8 +7,8 @@
 use super::{FixFacts, SharedRules};
 use crate::backoff::Backoff;
 use crate::geofence::probe::{ProbeScratch, probe, widest_band};
-use crate::geofence::{EvaluatorSettings, FenceIndex, FixOutcome};
-use crate::model::VehicleId;
+use crate::geofence::{EvaluatorSettings, FenceIndex, Fix, FixOutcome};
+use crate::state::Late;
 use crate::redis_link::RedisLink;
 use crate::shutdown::Drain;
 use crate::state::metrics::{STATE_COMMIT_DURATION_SECONDS, STATE_REDIS_ERRORS_TOTAL};
@@ -18,10 +18,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// What one batch came to.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct BatchCounts {
     pub evaluated: u64,
-    pub out_of_order: u64,
+    pub late: Vec<Late>,
     pub duplicates: u64,
     pub overflows: u64,
     pub enters: u64,
@@ -68,17 +68,22 @@ impl SharedApplier {
         self.index = index;
     }
 
-    /// Probes one fix and adds it to the batch.
-    pub fn add(&mut self, vehicle: &VehicleId, fix_ms: i64, lat: f64, lon: f64, redelivered: bool) {
+    /// Probes fix `index` of the worker's batch and adds it to the batch.
+    pub fn add(&mut self, index: usize, fix: &Fix<'_>) {
         let facts = FixFacts {
-            vehicle: vehicle.clone(),
-            fix_ms,
-            redelivered,
+            index,
+            vehicle: fix.vehicle.clone(),
+            fix_ms: fix.fix_ms,
+            redelivered: fix.redelivered,
+            digest: fix.digest,
             probe: probe(
                 &self.index,
                 &self.settings,
                 self.widest,
-                Coord { x: lon, y: lat },
+                Coord {
+                    x: fix.lon,
+                    y: fix.lat,
+                },
                 &mut self.scratch,
             ),
         };
@@ -122,10 +127,13 @@ impl SharedApplier {
                         counts.overflows += applied.overflows;
                         counts.enters += applied.enters;
                         counts.exits += applied.exits;
-                        for outcome in applied.outcomes {
+                        for (outcome, fix) in applied.outcomes.into_iter().zip(&fixes) {
                             match outcome {
-                                FixOutcome::Applied => counts.evaluated += 1,
-                                FixOutcome::OutOfOrder => counts.out_of_order += 1,
+                                FixOutcome::Applied | FixOutcome::Held => counts.evaluated += 1,
+                                FixOutcome::Late { by_ms } => counts.late.push(Late {
+                                    index: fix.index,
+                                    by_ms,
+                                }),
                                 FixOutcome::Duplicate => counts.duplicates += 1,
                             }
                         }

@@ -8,19 +8,22 @@
 -- ARGV[2]      idle expiry, ms (the state key's time to live)
 -- ARGV[3]      JSON: [[vehicle, fix ms, redelivered 0|1,
 --                      [[fence, clear 0|1, dwell ms], ...] (containing, index order),
---                      [fence, ...] (near: not containing, inside the band)], ...]
+--                      [fence, ...] (near: not containing, inside the band),
+--                      message digest (hex)], ...]
 --
--- State (JSON): {"t": last applied fix ms, "m": [member fences],
---                "p": [[fence, first qualifying fix ms], ...]}
--- Returns {outcomes, overflows, enters, exits}: one letter per fix,
--- a(pplied), o(ut of order) or d(uplicate); how many enters max memberships
--- refused; how many enters and exits were appended to the outbox.
+-- State (JSON): {"t": last applied fix ms, "d": [digests applied at t],
+--                "m": [member fences], "p": [[fence, first qualifying fix ms], ...]}
+-- Returns {outcomes, overflows, enters, exits, lateness}: one letter per
+-- fix, a(pplied), l(ate) or d(uplicate); how many enters max memberships
+-- refused; how many enters and exits were appended to the outbox; and for
+-- each late fix in order, how many ms behind the last applied fix it was.
 local max_members = tonumber(ARGV[1])
 local ttl = ARGV[2]
 local fixes = cjson.decode(ARGV[3])
 local states = {}
 local order = {}
 local outcomes = {}
+local lateness = {}
 local overflows = 0
 local enters, exits = 0, 0
 
@@ -37,13 +40,28 @@ for i, fix in ipairs(fixes) do
     states[key] = st
     table.insert(order, key)
   end
-  local vehicle, ts, redelivered = fix[1], fix[2], fix[3]
-  if st.t ~= nil and (ts == st.t or (redelivered == 1 and ts < st.t)) then
+  local vehicle, ts, redelivered, digest = fix[1], fix[2], fix[3], fix[6]
+  local seen = false
+  if st.t ~= nil and ts == st.t then
+    for _, d in ipairs(st.d or {}) do
+      if d == digest then
+        seen = true
+      end
+    end
+  end
+  if seen or (st.t ~= nil and redelivered == 1 and ts < st.t) then
     table.insert(outcomes, 'd')
   elseif st.t ~= nil and ts < st.t then
-    table.insert(outcomes, 'o')
+    table.insert(outcomes, 'l')
+    table.insert(lateness, st.t - ts)
   else
     table.insert(outcomes, 'a')
+    if st.t ~= ts or st.d == nil then
+      st.d = {}
+    end
+    if #st.d < 4 then
+      table.insert(st.d, digest)
+    end
     st.t = ts
     st.changed = true
     local containing, clear = {}, {}
@@ -104,4 +122,4 @@ for _, key in ipairs(order) do
     redis.call('SET', key, cjson.encode(st), 'PX', ttl)
   end
 end
-return {table.concat(outcomes), overflows, enters, exits}
+return {table.concat(outcomes), overflows, enters, exits, lateness}

@@ -87,9 +87,8 @@ impl ShardState for RedisShard {
         if let Some(index) = batch.fences {
             self.applier.swap_index(index);
         }
-        for fix in batch.fixes {
-            self.applier
-                .add(fix.vehicle, fix.fix_ms, fix.lat, fix.lon, fix.redelivered);
+        for (i, fix) in batch.fixes.iter().enumerate() {
+            self.applier.add(i, fix);
         }
         Box::pin(async move {
             if batch.fixes.is_empty() {
@@ -104,10 +103,11 @@ impl ShardState for RedisShard {
                 .record(counts.enters, counts.exits, counts.overflows);
             done.complete(Outcomes {
                 evaluated: counts.evaluated,
-                out_of_order: counts.out_of_order,
+                late: counts.late,
                 duplicates: counts.duplicates,
                 enters: counts.enters,
                 exits: counts.exits,
+                ..Outcomes::default()
             });
             Ok(())
         })

@@ -377,5 +377,7 @@ fn transition_of(entry: &StreamId) -> Option<Transition> {
         fence: field(entry, "f")?.into(),
         event,
         ts: field(entry, "t")?.parse().ok()?,
+        cause: None,
+        received_ms: 0,
     })
 }

@@ -66,16 +66,22 @@ impl SharedKeys {
 /// One fix as the script takes it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FixFacts {
+    /// Its position in the worker's batch (not sent to the script).
+    pub index: usize,
     pub vehicle: VehicleId,
     pub fix_ms: i64,
     /// The broker's duplicate flag.
     pub redelivered: bool,
+    /// The message's digest: what makes a second fix at the same time the
+    /// same message.
+    pub digest: u64,
     pub probe: FenceProbe,
 }
 
 impl Serialize for FixFacts {
-    /// `[vehicle, fix ms, redelivered, [[fence, clear, dwell ms]...], [near...]]`:
-    /// positional, to keep the script's argument small.
+    /// `[vehicle, fix ms, redelivered, [[fence, clear, dwell ms]...], [near...], digest]`:
+    /// positional, to keep the script's argument small; the digest as hex
+    /// text, since Lua's numbers are doubles.
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let containing: Vec<(&str, u8, i64)> = self
             .probe
@@ -90,6 +96,7 @@ impl Serialize for FixFacts {
             u8::from(self.redelivered),
             containing,
             near,
+            format!("{:016x}", self.digest),
         )
             .serialize(s)
     }

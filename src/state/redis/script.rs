@@ -102,17 +102,21 @@ impl SharedRules {
         }
         let facts =
             serde_json::to_string(fixes).map_err(|e| SharedStateError::Reply(e.to_string()))?;
-        let (letters, overflows, enters, exits): (String, u64, u64, u64) = call
+        let (letters, overflows, enters, exits, lateness): (String, u64, u64, u64, Vec<i64>) = call
             .arg(self.max_memberships)
             .arg(self.idle_expiry_ms.max(1))
             .arg(facts)
             .invoke_async(conn)
             .await?;
+        let mut late = lateness.into_iter();
         let outcomes = letters
             .chars()
             .map(|c| match c {
                 'a' => Ok(FixOutcome::Applied),
-                'o' => Ok(FixOutcome::OutOfOrder),
+                'l' => late
+                    .next()
+                    .map(|by_ms| FixOutcome::Late { by_ms })
+                    .ok_or_else(|| SharedStateError::Reply(letters.clone())),
                 'd' => Ok(FixOutcome::Duplicate),
                 _ => Err(SharedStateError::Reply(letters.clone())),
             })
@@ -173,6 +177,7 @@ impl SharedRules {
             last_fix_ms: stored.t.unwrap_or(i64::MIN),
             members: stored.m.into_iter().map(Into::into).collect(),
             pending: stored.p.into_iter().map(|(f, s)| (f.into(), s)).collect(),
+            ..VehicleSnapshot::default()
         }))
     }
 }
