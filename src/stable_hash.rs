@@ -22,9 +22,8 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 /// modulo the shard count. Changing the function moves vehicles between
 /// shards once, and loses none: the restored state is re-partitioned at
 /// start (`pipeline::shard::split_by_shard`). The router works it out once per fix, for the
-/// shard and for the dedup window ([`crate::codec::Dedup`]), which keeps
-/// it in place of the vehicle's id. A type of its own so that the window
-/// is never handed some other vehicle's hash by mistake.
+/// shard. A type of its own so that a shard is never picked from some
+/// other hash by mistake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VehicleHash(u64);
 
@@ -42,12 +41,6 @@ impl VehicleHash {
     /// The vehicle's shard of `shards` (0 counts as 1).
     pub fn shard(self, shards: usize) -> usize {
         (self.0 % shards.max(1) as u64) as usize
-    }
-
-    /// Any value, for tests that need two vehicles to share a hash.
-    #[cfg(test)]
-    pub(crate) fn from_raw(hash: u64) -> Self {
-        Self(hash)
     }
 }
 

@@ -101,7 +101,7 @@ fn eval_writes_transitions_skips_bad_lines_and_is_deterministic() {
     assert_eq!(report["skipped"], 2);
     assert_eq!(report["skipped_lines"][0]["line"], 3);
     assert_eq!(report["skipped_lines"][1]["reason"], "out_of_range");
-    assert_eq!(report["out_of_order"], 1);
+    assert_eq!(report["late"], 1);
     assert_eq!(
         report["per_fence"]["hospital"],
         serde_json::json!({"enter": 1, "exit": 1})

@@ -951,9 +951,10 @@ fn batch_covered_evaluation_matches_fix_by_fix() {
     }
     let stats = batched.stats();
     assert_eq!(stats, one.stats());
-    // Most fixes took their fences from the batch: the path under test ran.
+    // Most applied fixes (about a fifth are late or repeats) took their
+    // fences from the batch: the path under test ran.
     assert!(
-        batched.read_from_batch() > 5_000 && one.read_from_batch() == 0,
+        batched.read_from_batch() > 4_500 && one.read_from_batch() == 0,
         "{} of 6,000 read from the batch",
         batched.read_from_batch()
     );

@@ -231,7 +231,7 @@ fn acks_answer_only_their_own_connection() {
     let unique: HashSet<_> = enters.iter().cloned().collect();
     assert_eq!(unique.len(), enters.len(), "an enter repeated");
     let line = support::geogate::accounting_line(&stdout);
-    assert!(line.contains("+ out_of_order 0 +"), "{line}");
+    assert!(line.contains("+ late 0 +"), "{line}");
 }
 
 /// A fast burst (3,000 fixes through a 1,000-message inflight window): on
@@ -314,33 +314,38 @@ fn a_subscription_is_asked_again_until_a_suback_confirms_it() {
 
 /// The reordering the old stale acks caused in mosquitto 2.0.11, made
 /// deterministic: a proxy hands geogate each pair of fixes newest first.
-/// The older fix of each pair changes nothing, and the accounting line
-/// shows every one of them as out_of_order instead of hiding them among
-/// the evaluated.
+/// With the reorder window off, the older fix of each pair changes nothing
+/// and the accounting line shows every one of them as late instead of
+/// hiding them among the evaluated. With the default window, every pair is
+/// put back in fix-time order: all 20 apply, one transition pair per fix.
 #[test]
-fn reordered_deliveries_show_as_out_of_order() {
+fn reordered_deliveries_are_late_without_a_window_and_in_order_with_one() {
     let _serial = exclusive();
     let Some(broker) = support::Mosquitto::start() else {
         return;
     };
-    let proxy = Proxy::swapping_publishes(broker.port);
-    let dir = tempfile::tempdir().unwrap();
-    let geogate = GeogateProcess::start(dir.path(), &setup(proxy.port, "swapped", ""));
     // One vehicle, 20 fixes alternating between A and B, published in order.
     let fixes = crossing_fixes("o", 1, 0, 20);
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(publish_all(broker.port, &fixes, None));
-    geogate.wait_processed(20.0, 30);
-    let (ok, stdout) = geogate.terminate();
-    assert!(ok, "{stdout}");
-    let line = support::geogate::accounting_line(&stdout);
+    let run = |id: &str, pipeline: &str| {
+        let proxy = Proxy::swapping_publishes(broker.port);
+        let dir = tempfile::tempdir().unwrap();
+        let geogate = GeogateProcess::start(dir.path(), &setup(proxy.port, id, pipeline));
+        runtime.block_on(publish_all(broker.port, &fixes, None));
+        geogate.wait_processed(20.0, 30);
+        let (ok, stdout) = geogate.terminate();
+        assert!(ok, "{stdout}");
+        let line = support::geogate::accounting_line(&stdout).to_owned();
+        (line, read_ndjson(&dir.path().join("events.ndjson")))
+    };
+
+    let (line, events) = run("swapped", "reorder_window_ms = 0");
     assert_eq!(
         line,
-        "accounting: received 20 = invalid 0 (duplicate 0) + shed 0 + evaluated 10 + out_of_order 10 + in_queue 0 (balanced)"
+        "accounting: received 20 = invalid 0 (duplicate 0) + ignored 0 + shed 0 + evaluated 10 + held 0 + late 10 + in_queue 0 (balanced)"
     );
     // Only the newer fix of each pair was applied: the odd ones, all in B.
     // The even ones, in A, came late and moved the vehicle nowhere.
-    let events = read_ndjson(&dir.path().join("events.ndjson"));
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(
         (
@@ -350,4 +355,16 @@ fn reordered_deliveries_show_as_out_of_order() {
         ),
         (Some("enter"), Some("B"), Some(1_750_000_001_000))
     );
+
+    let (line, events) = run("swapped-window", "");
+    assert_eq!(
+        line,
+        "accounting: received 20 = invalid 0 (duplicate 0) + ignored 0 + shed 0 + evaluated 0 + held 20 + late 0 + in_queue 0 (balanced)"
+    );
+    // Fix k at k seconds, in A when k is even: an enter, then an exit and
+    // an enter for every later fix, in fix-time order.
+    assert_eq!(events.len(), 1 + 2 * 19, "{events:?}");
+    let times: Vec<i64> = events.iter().filter_map(|e| e["ts"].as_i64()).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    assert_eq!(events[0]["fence"], "A");
 }

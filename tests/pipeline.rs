@@ -160,7 +160,7 @@ fn check_known_stream(broker_port: u16, embedded: bool, extra_mqtt: &str) {
     let line = support::geogate::accounting_line(&stdout);
     assert!(line.ends_with("(balanced)"), "{line}");
     let expect = format!(
-        "accounting: received {} = invalid 8 (duplicate 1) + shed {shed} + evaluated {} + out_of_order 0 + in_queue 0 (balanced)",
+        "accounting: received {} = invalid 8 (duplicate 1) + ignored 0 + shed {shed} + evaluated 0 + held {} + late 0 + in_queue 0 (balanced)",
         total as usize,
         total as usize - 8 - shed
     );
@@ -327,19 +327,17 @@ fn sighup_swaps_fences_from_that_point_on() {
     );
 }
 
-/// Fixes that arrive older than their vehicle's last applied fix change
-/// nothing, and the accounting line says so in a term of its own instead of
-/// counting them as evaluated.
+/// One vehicle's fixes published newest first. With the reorder window
+/// off, the first is applied and the four older ones are late: no
+/// transition, their own accounting term, and each in the dead letter with
+/// reason `late` and how late it was. With the default window, all five
+/// are applied in fix-time order and give the in-order transitions.
 #[test]
-fn out_of_order_fixes_have_their_own_term() {
+fn late_fixes_have_their_own_term_and_the_window_puts_them_back_in_order() {
     let Some(broker) = support::Mosquitto::start() else {
         return;
     };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let setup = support::geogate::setup(broker.port, "geogate-order", "");
-    let geogate = GeogateProcess::start(dir.path(), &setup);
-    // One vehicle, newest fix first: the first is applied (an enter into
-    // A), the four older ones (in B, then A...) change nothing.
+    // Fix k at 5 − k seconds: in A when k is even, B when odd.
     let stream: Vec<Message> = (0..5i64)
         .map(|k| {
             let lon = if k % 2 == 0 { 10.005 } else { 10.025 };
@@ -347,27 +345,78 @@ fn out_of_order_fixes_have_their_own_term() {
         })
         .collect();
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    runtime.block_on(publish_all(broker.port, &stream, None));
-    geogate.wait_processed(5.0, 20);
-    assert_eq!(geogate.metrics()["geogate_fixes_out_of_order_total"], 4.0);
-    let (ok, stdout) = geogate.terminate();
-    assert!(ok, "{stdout}");
-    let line = support::geogate::accounting_line(&stdout);
+    let run = |id: &str, pipeline: &str| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let setup = support::geogate::setup(broker.port, id, pipeline);
+        let geogate = GeogateProcess::start(dir.path(), &setup);
+        runtime.block_on(publish_all(broker.port, &stream, None));
+        geogate.wait_processed(5.0, 20);
+        let late = geogate.metrics()["geogate_fixes_late_total"];
+        let (ok, stdout) = geogate.terminate();
+        assert!(ok, "{stdout}");
+        let line = support::geogate::accounting_line(&stdout).to_owned();
+        let events = read_ndjson(&dir.path().join("events.ndjson"));
+        let letters = read_ndjson(&dir.path().join("dead-letter.ndjson"));
+        (late, line, events, letters)
+    };
+
+    let (late, line, events, letters) = run("geogate-order", "reorder_window_ms = 0");
+    assert_eq!(late, 4.0);
     assert_eq!(
         line,
-        "accounting: received 5 = invalid 0 (duplicate 0) + shed 0 + evaluated 1 + out_of_order 4 + in_queue 0 (balanced)"
+        "accounting: received 5 = invalid 0 (duplicate 0) + ignored 0 + shed 0 + evaluated 1 + held 0 + late 4 + in_queue 0 (balanced)"
     );
-    let events = read_ndjson(&dir.path().join("events.ndjson"));
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(
         (events[0]["event"].as_str(), events[0]["fence"].as_str()),
         (Some("enter"), Some("A"))
     );
+    assert_eq!(letters.len(), 4, "{letters:?}");
+    for (k, letter) in letters.iter().enumerate() {
+        assert_eq!(letter["reason"], "late", "{letter}");
+        let detail = letter["detail"].as_str().unwrap_or("");
+        let by = format!("{}.000 s older", k + 1);
+        assert!(detail.contains(&by), "{detail}");
+        assert!(letter["payload"].is_string(), "reprocessable: {letter}");
+    }
+
+    let (late, line, events, letters) = run("geogate-window", "");
+    assert_eq!(late, 0.0);
+    assert_eq!(
+        line,
+        "accounting: received 5 = invalid 0 (duplicate 0) + ignored 0 + shed 0 + evaluated 0 + held 5 + late 0 + in_queue 0 (balanced)"
+    );
+    assert!(letters.is_empty(), "{letters:?}");
+    let got: Vec<(String, String, i64)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["event"].as_str().unwrap_or("").to_owned(),
+                e["fence"].as_str().unwrap_or("").to_owned(),
+                (e["ts"].as_i64().unwrap_or(0) - T0) / 1000,
+            )
+        })
+        .collect();
+    let want: Vec<(String, String, i64)> = [
+        ("enter", "A", 1),
+        ("exit", "A", 2),
+        ("enter", "B", 2),
+        ("exit", "B", 3),
+        ("enter", "A", 3),
+        ("exit", "A", 4),
+        ("enter", "B", 4),
+        ("exit", "B", 5),
+        ("enter", "A", 5),
+    ]
+    .iter()
+    .map(|(e, f, s)| (e.to_string(), f.to_string(), *s))
+    .collect();
+    assert_eq!(got, want);
 }
 
 /// One live run of the whole fleet through `fences`, with `pipeline` added
 /// to the config: its transitions, after asserting a clean stop and a
-/// balanced account with no fix out of order.
+/// balanced account with no fix late.
 fn fleet_run(
     broker_port: u16,
     runtime: &tokio::runtime::Runtime,
@@ -388,12 +437,12 @@ fn fleet_run(
     assert!(ok, "{stdout}");
     let line = support::geogate::accounting_line(&stdout).to_owned();
     assert!(line.ends_with("(balanced)"), "{name}: {line}");
-    assert!(line.contains("out_of_order 0 "), "{name}: {line}");
+    assert!(line.contains("late 0 "), "{name}: {line}");
     multiset(&read_ndjson(&dir.path().join("events.ndjson")))
 }
 
 /// The fleet published at full speed through 8 decode lanes and through 1:
-/// each vehicle's fixes still apply in order (none `out_of_order`), both
+/// each vehicle's fixes still apply in order (none `late`), both
 /// accounts balance, and the transitions are the same, with the same ids.
 #[test]
 fn decode_lanes_keep_each_vehicles_order_and_change_no_transition() {
@@ -462,12 +511,12 @@ fn one_vehicle_under_two_topics_applies_in_fix_time_order_across_lanes() {
     // How often the race happened here: nothing a live broker can force
     // (src/pipeline/decode.rs forces it), so printed, not asserted.
     eprintln!("{line}");
-    let evaluated = accounting_term(line, "evaluated");
+    let held = accounting_term(line, "held");
     assert_eq!(
         line,
         format!(
-            "accounting: received {FIXES} = invalid 0 (duplicate 0) + shed 0 + evaluated {evaluated} + out_of_order {} + in_queue 0 (balanced)",
-            FIXES.saturating_sub(evaluated)
+            "accounting: received {FIXES} = invalid 0 (duplicate 0) + ignored 0 + shed 0 + evaluated 0 + held {held} + late {} + in_queue 0 (balanced)",
+            FIXES.saturating_sub(held)
         )
     );
     let events = read_ndjson(&dir.path().join("events.ndjson"));

@@ -208,7 +208,7 @@ fn bad_input_corpus_through_mosquitto() {
     assert_eq!(
         line,
         format!(
-            "accounting: received {} = invalid {} (duplicate 0) + shed 0 + evaluated {good} + out_of_order 0 + in_queue 0 (balanced)",
+            "accounting: received {} = invalid {} (duplicate 0) + ignored 0 + shed 0 + evaluated 0 + held {good} + late 0 + in_queue 0 (balanced)",
             stream.len(),
             corpus.len()
         )
@@ -274,7 +274,7 @@ fn sigterm_mid_burst_drains_and_balances() {
     assert_eq!(
         line,
         format!(
-            "accounting: received 3000 = invalid 0 (duplicate 0) + shed {shed} + evaluated {} + out_of_order 0 + in_queue 0 (balanced)",
+            "accounting: received 3000 = invalid 0 (duplicate 0) + ignored 0 + shed {shed} + evaluated 0 + held {} + late 0 + in_queue 0 (balanced)",
             3000 - shed
         )
     );
@@ -358,7 +358,7 @@ fn broker_restarts_lose_no_high_event() {
     let (ok, stdout) = geogate.terminate();
     assert!(ok && stdout.contains("(balanced)"), "{stdout}");
     let line = support::geogate::accounting_line(&stdout);
-    assert!(line.contains("+ out_of_order 0 +"), "{line}");
+    assert!(line.contains("+ late 0 +"), "{line}");
     // Exactly once: the redelivered copies were recognised, not re-applied.
     let all = enters(&read_ndjson(&dir.path().join("events.ndjson")));
     let count = read_ndjson(&dir.path().join("events.ndjson"))

@@ -129,7 +129,7 @@ fn wait_all_processed(instances: &[GeogateProcess]) {
         received >= total()
             && sum(instances, "geogate_events_evaluated_total")
                 + sum(instances, "geogate_events_invalid_total")
-                + sum(instances, "geogate_fixes_out_of_order_total")
+                + sum(instances, "geogate_fixes_late_total")
                 >= received
     });
 }
@@ -147,7 +147,7 @@ fn stop_and_collect(
         let line = support::geogate::accounting_line(&stdout);
         assert!(line.ends_with("(balanced)"), "{line}");
         assert!(
-            line.contains("out_of_order 0 "),
+            line.contains("late 0 "),
             "a fix was applied after a later one: {line}"
         );
         let events = read_ndjson(&dir.path().join("events.ndjson"));

@@ -603,38 +603,42 @@ impl Evaluator {
         self.expire_now(watermark_ms, out)
     }
 
-    /// [`Self::expire_idle`] without the sweep interval.
+    /// [`Self::expire_idle`] without the sweep interval. The exits come in
+    /// vehicle-id order, so that two runs write them alike.
     pub fn expire_now(&mut self, watermark_ms: i64, out: &mut Vec<Transition>) -> usize {
         let idle_ms = self.settings.idle_expiry_ms.max(1);
-        let before = self.vehicles.len();
         let index = &self.index;
         let changed = &mut self.changed;
         let track = self.track_changes;
-        let stats = &mut self.stats;
+        let mut expired: Vec<(VehicleId, i64, Vec<FenceIdx>)> = Vec::new();
         self.vehicles.retain(|id, s| {
             let idle_at = s.last_heard_ms.saturating_add(idle_ms);
             let keep = idle_at > watermark_ms || !s.window.is_empty();
             if !keep {
-                for &m in &s.members {
-                    out.push(Transition {
-                        vehicle: id.clone(),
-                        fence: index.fence(m).id.clone(),
-                        event: TransitionKind::Exit,
-                        ts: idle_at,
-                        cause: Some(Cause::Expired),
-                        received_ms: idle_at,
-                    });
-                    stats.exits += 1;
-                }
                 if track && !s.changed {
                     changed.push(id.clone());
                 }
+                expired.push((id.clone(), idle_at, std::mem::take(&mut s.members)));
             }
             keep
         });
-        let expired = before - self.vehicles.len();
-        self.stats.expired += expired as u64;
-        expired
+        expired.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        for (vehicle, idle_at, members) in &expired {
+            for &m in members {
+                out.push(Transition {
+                    vehicle: vehicle.clone(),
+                    fence: index.fence(m).id.clone(),
+                    event: TransitionKind::Exit,
+                    ts: *idle_at,
+                    cause: Some(Cause::Expired),
+                    received_ms: *idle_at,
+                });
+            }
+        }
+        let exits: usize = expired.iter().map(|(_, _, m)| m.len()).sum();
+        self.stats.exits += exits as u64;
+        self.stats.expired += expired.len() as u64;
+        expired.len()
     }
 
     /// Drains the vehicles changed since the last call into `out`, each

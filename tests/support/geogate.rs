@@ -427,9 +427,11 @@ listen = "127.0.0.1:{metrics_port}"
             let m = self.metrics();
             let get = |k: &str| m.get(k).copied().unwrap_or(0.0);
             let done = get("geogate_events_invalid_total")
+                + get("geogate_messages_ignored_total")
                 + get("geogate_events_shed_total")
                 + get("geogate_events_evaluated_total")
-                + get("geogate_fixes_out_of_order_total");
+                + get("geogate_fixes_held_total")
+                + get("geogate_fixes_late_total");
             if get("geogate_events_received_total") >= n
                 && done >= get("geogate_events_received_total")
             {
