@@ -106,8 +106,7 @@ pub fn register_zero_series(shards: usize, gate: &'static str) {
             metrics::counter!(MESSAGES_IGNORED_TOTAL, "reason" => reason.as_str()).increment(0);
         } else {
             metrics::counter!(EVENTS_INVALID_TOTAL, "reason" => reason.as_str()).increment(0);
-            metrics::counter!(DEAD_LETTER_WRITTEN_TOTAL, "reason" => reason.as_str())
-                .increment(0);
+            metrics::counter!(DEAD_LETTER_WRITTEN_TOTAL, "reason" => reason.as_str()).increment(0);
         }
     }
     for reason in ["shed", "late"] {

@@ -664,7 +664,11 @@ fn the_owntracks_corpus_decodes_as_real_devices_mean_it() {
     let mut by_expectation = std::collections::BTreeMap::<String, usize>::new();
     for (n, line) in corpus.lines().enumerate() {
         let entry: serde_json::Value = serde_json::from_str(line).expect("a corpus line");
-        let field = |k: &str| entry[k].as_str().unwrap_or_else(|| panic!("line {}: {k}", n + 1));
+        let field = |k: &str| {
+            entry[k]
+                .as_str()
+                .unwrap_or_else(|| panic!("line {}: {k}", n + 1))
+        };
         let (source, topic, payload, expect) = (
             field("source"),
             field("topic"),
@@ -678,7 +682,10 @@ fn the_owntracks_corpus_decodes_as_real_devices_mean_it() {
             ("fix", Ok(fix)) => {
                 assert!(!fix.vehicle.is_empty(), "{source}");
                 if let Some(vel) = fix.speed_kmh {
-                    assert!(vel >= 0.0, "{source}: a negative speed is unknown, not {vel}");
+                    assert!(
+                        vel >= 0.0,
+                        "{source}: a negative speed is unknown, not {vel}"
+                    );
                 }
             }
             (reason, Err(e)) if e.reason.as_str() == reason => {
@@ -696,7 +703,10 @@ fn the_owntracks_corpus_decodes_as_real_devices_mean_it() {
     for kind in ["fix", "not_a_location", "retained_clear"] {
         assert!(by_expectation.contains_key(kind), "{by_expectation:?}");
     }
-    assert!(by_expectation.values().sum::<usize>() >= 100, "{by_expectation:?}");
+    assert!(
+        by_expectation.values().sum::<usize>() >= 100,
+        "{by_expectation:?}"
+    );
 }
 
 /// The iOS track the OwnTracks Recorder ships (`etc/demo-iphone.rec`):
@@ -718,5 +728,9 @@ fn ios_unknown_speed_and_course_are_not_errors() {
     )
     .unwrap_err();
     assert_eq!(encrypted.reason, Reason::NotALocation);
-    assert!(encrypted.detail.contains("cannot read encrypted"), "{}", encrypted.detail);
+    assert!(
+        encrypted.detail.contains("cannot read encrypted"),
+        "{}",
+        encrypted.detail
+    );
 }

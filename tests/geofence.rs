@@ -300,7 +300,11 @@ fn idle_vehicles_expire_and_reload_keeps_surviving_memberships() {
     assert_eq!(ev.expire_idle(t0 + 100_000, &mut expired), 1);
     // "old" was in a and b: an exit from each, at the time it became idle.
     assert_eq!(expired.len(), 2, "{expired:?}");
-    assert!(expired.iter().all(|t| t.ts == t0 + 60_000 && t.vehicle == "old"));
+    assert!(
+        expired
+            .iter()
+            .all(|t| t.ts == t0 + 60_000 && t.vehicle == "old")
+    );
     assert_eq!(ev.stats().expired, 1);
     assert_eq!(ev.tracked_vehicles(), 1);
 
@@ -787,7 +791,11 @@ fn changed_vehicles_are_listed_for_the_store_and_restore_faithfully() {
     changed.sort_by(|x, y| x.0.cmp(&y.0));
     let snapshot = |t, fence: &str| VehicleSnapshot {
         last_fix_ms: t,
-        last_digests: vec![Fix::position_digest(t, 0.5, if fence == "a" { 0.6 } else { 2.5 })],
+        last_digests: vec![Fix::position_digest(
+            t,
+            0.5,
+            if fence == "a" { 0.6 } else { 2.5 },
+        )],
         last_heard_ms: t,
         members: vec![fence.into()],
         ..VehicleSnapshot::default()
@@ -819,7 +827,12 @@ fn changed_vehicles_are_listed_for_the_store_and_restore_faithfully() {
     // w was in b: its expiry leaves b, at the time it became idle.
     assert_eq!(out.len(), 1, "{out:?}");
     assert_eq!(
-        (out[0].vehicle.as_str(), &*out[0].fence, out[0].event, out[0].ts),
+        (
+            out[0].vehicle.as_str(),
+            &*out[0].fence,
+            out[0].event,
+            out[0].ts
+        ),
         ("w", "b", TransitionKind::Exit, 61_000)
     );
     assert_eq!(out[0].cause, Some(geogate::geofence::Cause::Expired));

@@ -8,7 +8,7 @@ mod support;
 use geo::Coord;
 use geogate::geofence::probe::{ProbeScratch, probe, widest_band};
 use geogate::geofence::{
-    Evaluator, EvaluatorSettings, Fix, FenceIndex, FixOutcome, Transition, parse_fences,
+    Evaluator, EvaluatorSettings, FenceIndex, Fix, FixOutcome, Transition, parse_fences,
 };
 use geogate::model::VehicleId;
 use geogate::redis_link::RedisLink;

@@ -81,7 +81,11 @@ fn sorted(out: &[Transition]) -> Vec<(String, String, TransitionKind, i64)> {
 /// Fixes of up to 3 vehicles, distinct times per vehicle, in any order.
 fn fleet() -> impl Strategy<Value = Vec<Spec>> {
     proptest::collection::btree_map((0u8..3, 0i64..120), 0u8..4, 1..40)
-        .prop_map(|m| m.into_iter().map(|((v, s), p)| (v, s, p)).collect::<Vec<_>>())
+        .prop_map(|m| {
+            m.into_iter()
+                .map(|((v, s), p)| (v, s, p))
+                .collect::<Vec<_>>()
+        })
         .prop_shuffle()
 }
 
@@ -234,11 +238,17 @@ fn duplicates_are_the_same_message_not_the_same_time() {
         redelivered: true,
         ..fix(&v, 5, 2, T0)
     };
-    assert_eq!(ev.evaluate_fix(redelivered, &mut out), FixOutcome::Duplicate);
+    assert_eq!(
+        ev.evaluate_fix(redelivered, &mut out),
+        FixOutcome::Duplicate
+    );
 
     let mut windowed = Evaluator::new(index(), settings(1_000));
     assert_eq!(windowed.evaluate_fix(inside, &mut out), FixOutcome::Held);
-    assert_eq!(windowed.evaluate_fix(inside, &mut out), FixOutcome::Duplicate);
+    assert_eq!(
+        windowed.evaluate_fix(inside, &mut out),
+        FixOutcome::Duplicate
+    );
     assert_eq!(windowed.evaluate_fix(outside, &mut out), FixOutcome::Held);
     assert_eq!(windowed.stats().duplicates, 1);
 }

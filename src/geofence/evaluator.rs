@@ -590,6 +590,12 @@ impl Evaluator {
         released
     }
 
+    /// Applies every fix still waiting in a window, in fix-time order per
+    /// vehicle (a graceful stop's drain); returns how many.
+    pub fn release_all(&mut self, out: &mut Vec<Transition>) -> u64 {
+        self.release_due(i64::MAX, out)
+    }
+
     /// Forgets every vehicle not heard from for the idle expiry by
     /// `watermark_ms` whose window is empty, emitting an `exit` (cause
     /// `expired`, at the time it became idle) for each fence it was in.

@@ -199,12 +199,10 @@ pub fn simulate_steps(
     for record in capture {
         let t = record.t_ns.max(router_free_at);
         let payload = record.payload_bytes();
-        let decoded = decode(&record.topic, &payload, codec)
-            .map(|fix| (VehicleHash::of(&fix.vehicle), fix));
+        let decoded =
+            decode(&record.topic, &payload, codec).map(|fix| (VehicleHash::of(&fix.vehicle), fix));
         let (routing, fix) = match decoded {
-            Ok((routing, fix))
-                if dedup.first_sighting(message_digest(&record.topic, &payload)) =>
-            {
+            Ok((routing, fix)) if dedup.first_sighting(message_digest(&record.topic, &payload)) => {
                 (routing, fix)
             }
             Ok(_) => {

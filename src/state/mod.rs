@@ -64,6 +64,11 @@ pub struct Batch<'a> {
     /// still gets a batch with only the watermark about once a second.
     /// `None`: nothing falls due.
     pub watermark: Option<i64>,
+    /// The last batch of a graceful stop: every fix still waiting in a
+    /// reorder window is applied now, in fix-time order, as a drain
+    /// finishes the work in flight. (A crash leaves them in the committed
+    /// state instead, and the restart releases them.)
+    pub closing: bool,
 }
 
 /// A fix the state found late: older than its vehicle's last applied fix

@@ -4,9 +4,9 @@
 //! [`Completion`]; what finishing means (accounting, acks) stays here, in
 //! the pipeline.
 
-use crate::pipeline::accounting::Accounting;
 use super::router::LateFix;
 use crate::model::VehicleId;
+use crate::pipeline::accounting::Accounting;
 use crate::pipeline::metrics::{
     DUPLICATES_IGNORED_TOTAL, END_TO_END_LATENCY_SECONDS, EVENTS_EVALUATED_TOTAL,
     EVENTS_INVALID_TOTAL, FIXES_HELD_TOTAL,
@@ -14,10 +14,10 @@ use crate::pipeline::metrics::{
 use crate::sampling::SAMPLE_EVERY;
 use crate::source::{AckToken, Completions};
 use crate::state::{Completion, Outcomes};
-use tokio::sync::mpsc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
+use tokio::sync::mpsc;
 
 /// Counts for one shard, kept as metric handles (no lookups per batch).
 pub struct ShardCounters {

@@ -5,8 +5,8 @@
 
 use super::Admitted;
 use super::completion::{Finished, Message, ShardCounters};
-use crate::clock::receive_now_ms;
 use super::queue::QueueReceiver;
+use crate::clock::receive_now_ms;
 use crate::geofence::{FenceIndex, Fix};
 use crate::shutdown::Drain;
 use crate::state::{Batch, ShardState};
@@ -54,7 +54,11 @@ pub async fn worker(mut rx: QueueReceiver, mut state: Box<dyn ShardState>, mut c
         // benches/pipeline.rs, per-event parking cost a third of the time.
         tokio::select! {
             biased;
-            n = rx.recv_many(&mut batch, batch_limit) => if n == 0 { break },
+            n = rx.recv_many(&mut batch, batch_limit) => if n == 0 {
+                // A graceful stop: the queue is drained and closed.
+                close(state.as_mut(), &ctx).await;
+                break;
+            },
             _ = ctx.drain.wait() => break,
             _ = idle.tick() => {}
         }
@@ -82,7 +86,11 @@ pub async fn worker(mut rx: QueueReceiver, mut state: Box<dyn ShardState>, mut c
         let watermark = if rx.is_empty() {
             receive_now_ms()
         } else {
-            batch.iter().map(|a| a.received_ms).max().unwrap_or(i64::MIN)
+            batch
+                .iter()
+                .map(|a| a.received_ms)
+                .max()
+                .unwrap_or(i64::MIN)
         };
         let messages = batch
             .iter_mut()
@@ -104,6 +112,7 @@ pub async fn worker(mut rx: QueueReceiver, mut state: Box<dyn ShardState>, mut c
             fences,
             fixes: &fixes,
             watermark: Some(watermark),
+            closing: false,
         };
         let applied = state.apply(input, done).await;
         drop(fixes);
@@ -112,4 +121,20 @@ pub async fn worker(mut rx: QueueReceiver, mut state: Box<dyn ShardState>, mut c
             break;
         }
     }
+}
+
+/// The last batch of a graceful stop: no fixes, and every fix still in a
+/// reorder window released.
+async fn close(state: &mut dyn ShardState, ctx: &WorkerContext) {
+    let done = Box::new(Finished {
+        counters: ctx.counters.clone(),
+        messages: Vec::new(),
+    });
+    let last = Batch {
+        fences: None,
+        fixes: &[],
+        watermark: Some(receive_now_ms()),
+        closing: true,
+    };
+    let _ = state.apply(last, done).await;
 }

@@ -9,6 +9,7 @@
 //! events file has their lines.
 
 use super::store::{CommitBatch, Store, VehicleChange};
+use crate::clock::receive_now_ms;
 use crate::crash_point;
 use crate::delivery::Cursors;
 use crate::delivery::outbox::OutboxEntry;
@@ -17,7 +18,6 @@ use crate::geofence::Transition;
 use crate::model::VehicleId;
 use crate::shutdown::Drain;
 use crate::sink::metrics::{SINK_HEALTHY, SINK_WRITE_FAILURES_TOTAL};
-use crate::clock::receive_now_ms;
 use crate::state::metrics::{
     STATE_COMMIT_BATCHES, STATE_COMMIT_DURATION_SECONDS, STATE_STORE_BYTES,
     TRANSITION_LATENCY_SECONDS,

@@ -295,6 +295,7 @@ mod tests {
             fences: None,
             fixes: &before,
             watermark: None,
+            closing: false,
         };
         shard
             .apply(batch, Box::new(Told(told.clone())))
@@ -319,6 +320,7 @@ mod tests {
             fences: Some(index(FENCE_A)),
             fixes: &after,
             watermark: None,
+            closing: false,
         };
         shard
             .apply(batch, Box::new(Told(told.clone())))
@@ -332,6 +334,7 @@ mod tests {
             fences: None,
             fixes: &[],
             watermark: Some(3_000),
+            closing: false,
         };
         shard.apply(tick, Box::new(Told(told))).await.unwrap();
         assert_eq!(heard.recv().await.unwrap(), Outcomes::default());

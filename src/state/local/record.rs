@@ -76,9 +76,7 @@ pub fn decode(bytes: &[u8]) -> Result<VehicleSnapshot, RecordError> {
     };
     if version >= 2 {
         snapshot.last_heard_ms = r.i64()?;
-        snapshot.last_digests = (0..r.count()?)
-            .map(|_| r.u64())
-            .collect::<Result<_, _>>()?;
+        snapshot.last_digests = (0..r.count()?).map(|_| r.u64()).collect::<Result<_, _>>()?;
     }
     snapshot.members = (0..r.count()?).map(|_| r.str()).collect::<Result<_, _>>()?;
     snapshot.pending = (0..r.count()?)
@@ -200,32 +198,40 @@ mod tests {
             proptest::collection::vec("\\PC{0,40}", 0..5),
             proptest::collection::vec(("\\PC{0,300}", any::<i64>()), 0..3),
             proptest::collection::vec(
-                (any::<i64>(), -90.0..90.0f64, -180.0..180.0f64, any::<i64>(), any::<u64>()),
+                (
+                    any::<i64>(),
+                    -90.0..90.0f64,
+                    -180.0..180.0f64,
+                    any::<i64>(),
+                    any::<u64>(),
+                ),
                 0..4,
             ),
         )
-            .prop_map(|((last_fix_ms, last_heard_ms), last_digests, members, pending, window)| {
-                VehicleSnapshot {
-                    last_fix_ms,
-                    last_digests,
-                    last_heard_ms,
-                    members: members.into_iter().map(FenceId::from).collect(),
-                    pending: pending
-                        .into_iter()
-                        .map(|(id, t)| (FenceId::from(id), t))
-                        .collect(),
-                    window: window
-                        .into_iter()
-                        .map(|(fix_ms, lat, lon, received_ms, digest)| HeldFix {
-                            fix_ms,
-                            lat,
-                            lon,
-                            received_ms,
-                            digest,
-                        })
-                        .collect(),
-                }
-            })
+            .prop_map(
+                |((last_fix_ms, last_heard_ms), last_digests, members, pending, window)| {
+                    VehicleSnapshot {
+                        last_fix_ms,
+                        last_digests,
+                        last_heard_ms,
+                        members: members.into_iter().map(FenceId::from).collect(),
+                        pending: pending
+                            .into_iter()
+                            .map(|(id, t)| (FenceId::from(id), t))
+                            .collect(),
+                        window: window
+                            .into_iter()
+                            .map(|(fix_ms, lat, lon, received_ms, digest)| HeldFix {
+                                fix_ms,
+                                lat,
+                                lon,
+                                received_ms,
+                                digest,
+                            })
+                            .collect(),
+                    }
+                },
+            )
     }
 
     proptest! {

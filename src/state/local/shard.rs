@@ -207,7 +207,13 @@ impl ShardState for LocalShard {
                 self.evaluator.swap_index(index);
             }
             let fixes = batch.fixes.len();
-            let (outcomes, transitions) = self.evaluate(batch.fixes, batch.watermark);
+            let (mut outcomes, mut transitions) = self.evaluate(batch.fixes, batch.watermark);
+            if batch.closing {
+                let before = transitions.len();
+                outcomes.released += self.evaluator.release_all(&mut transitions);
+                self.count(&transitions[before..], &mut outcomes);
+                self.window_fixes.set(0.0);
+            }
             if fixes == 0 && transitions.is_empty() && !self.evaluator.has_changes() {
                 // Nothing arrived and nothing fell due: nothing to commit.
                 done.complete(outcomes);
