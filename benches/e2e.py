@@ -180,8 +180,12 @@ def geogate_rate(proc, mport):
         m = scrape(mport)
         now = time.perf_counter()
         got = m.get("geogate_events_received_total", 0)
+        # Finished by the accounting line's terms: a fix released from its
+        # reorder window finished as held, and is in the evaluated metric too.
         done = sum(m.get(k, 0) for k in ("geogate_events_evaluated_total", "geogate_events_invalid_total",
-                                         "geogate_events_shed_total", "geogate_fixes_out_of_order_total"))
+                                         "geogate_events_shed_total", "geogate_fixes_late_total",
+                                         "geogate_fixes_held_total", "geogate_messages_ignored_total")) \
+            - m.get("geogate_fixes_released_total", 0)
         if connected is None and (got > 0 or m.get("geogate_mqtt_connected", 0) >= 1):
             connected = now
             cpu_at_connect = (cpu_seconds(broker.pid), cpu_seconds(proc.pid))

@@ -219,6 +219,7 @@ impl Pipeline {
                 settings: EvaluatorSettings::default(),
                 instance: "bench".to_owned(),
                 fence_fingerprint: watch::channel("bench".to_owned()).1,
+                fences: self.index.clone(),
                 shards,
                 per_fence_labels: false,
                 drain: run.drain.clone(),

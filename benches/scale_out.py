@@ -110,18 +110,18 @@ def run(backend, instances):
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=600)
     procs = start(paths)
     first = last = None
-    out_of_order = shed = 0
+    late_fixes = shed = 0
     while True:
         ms = [scrape(m) for _, m in procs]
         now = time.perf_counter()
         got = sum(m.get("geogate_events_received_total", 0) for m in ms)
         done = sum(m.get(k, 0) for m in ms for k in ("geogate_events_evaluated_total", "geogate_events_invalid_total",
-                                                     "geogate_events_shed_total", "geogate_fixes_out_of_order_total"))
+                                                     "geogate_events_shed_total", "geogate_fixes_late_total"))
         if got > 0 and first is None:
             first = now
         if done >= N:
             last = now
-            out_of_order = sum(m.get("geogate_fixes_out_of_order_total", 0) for m in ms)
+            late_fixes = sum(m.get("geogate_fixes_late_total", 0) for m in ms)
             # Low pings shed at a full queue never reach the state, so they
             # are not out of order either: a slower drain sheds more.
             shed = sum(m.get("geogate_events_shed_total", 0) for m in ms)
@@ -129,12 +129,12 @@ def run(backend, instances):
         if first and now - first > 120:
             print(json.dumps({"stalled": [{k: m.get(k, 0) for k in (
                 "geogate_events_received_total", "geogate_events_evaluated_total", "geogate_events_invalid_total",
-                "geogate_fixes_out_of_order_total", "geogate_mqtt_unacked", "geogate_state_redis_errors_total")}
+                "geogate_fixes_late_total", "geogate_mqtt_unacked", "geogate_state_redis_errors_total")}
                 for m in ms], "logs": tmp}), flush=True)
             break
         time.sleep(0.005)
     stop(procs)
-    return (round(N / (last - first)) if last else 0), int(out_of_order), int(shed)
+    return (round(N / (last - first)) if last else 0), int(late_fixes), int(shed)
 
 
 configs = [("memory", 1), ("embedded", 1), ("redis", 1), ("redis", 2), ("redis", 3)]
@@ -151,7 +151,7 @@ for r in range(args.rounds):
         ooo[c].append(late)
         sheds[c].append(shed)
         print(json.dumps({"round": r + 1, "backend": c[0], "instances": c[1], "rate": rate,
-                          "out_of_order": late, "shed": shed}), flush=True)
+                          "late": late, "shed": shed}), flush=True)
 
 base = statistics.median(rates[configs[0]])
 print(f"\n{N} messages; events/s over all instances, median of {args.rounds} rounds [min–max]; "
@@ -159,7 +159,7 @@ print(f"\n{N} messages; events/s over all instances, median of {args.rounds} rou
 for c in configs:
     med = statistics.median(rates[c])
     print(f"{c[0]:9} ×{c[1]}  {med:>9,.0f} [{min(rates[c]):,}–{max(rates[c]):,}]  "
-          f"{med / base:.2f}×   out_of_order median {statistics.median(ooo[c]):.0f}"
+          f"{med / base:.2f}×   late median {statistics.median(ooo[c]):.0f}"
           f"   shed median {statistics.median(sheds[c]):.0f}")
 broker.terminate()
 redis.terminate()

@@ -204,6 +204,7 @@ pub async fn run(
     } else {
         None
     };
+    let initial_fences = fence_rx.borrow().clone();
     let mut backend = crate::state::backends::open(
         &config.state,
         OpenContext {
@@ -212,6 +213,7 @@ pub async fn run(
             settings,
             instance: config.mqtt.client_id.clone(),
             fence_fingerprint: fingerprint_rx,
+            fences: initial_fences,
             shards: config.pipeline.shard_count(),
             per_fence_labels: config.metrics.per_fence_labels,
             drain: drain.clone(),

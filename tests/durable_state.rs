@@ -20,8 +20,10 @@ use support::geogate::{
 };
 
 /// Between published fixes in the crash runs: slow enough that the stream
-/// is spread over hundreds of commits, so a kill lands mid-stream.
-const PACE: Duration = Duration::from_millis(2);
+/// is spread over hundreds of commits, so a kill lands mid-stream, and
+/// that it lasts well past the default reorder window (2 s), so fixes
+/// leave their windows, and lines are written, while others still arrive.
+const PACE: Duration = Duration::from_millis(10);
 
 fn events_of(dir: &Path) -> Vec<serde_json::Value> {
     read_ndjson_so_far(&dir.join("events.ndjson"))
@@ -116,7 +118,8 @@ fn assert_same_as(got: &[serde_json::Value], want: &Multiset, what: &str) {
 }
 
 /// (a) SIGKILL at each crash point, then a restart: the events file ends
-/// up exactly as in the uninterrupted run.
+/// up exactly as in the uninterrupted run, though each kill lands while
+/// fixes wait in their reorder windows, already acked.
 #[test]
 fn sigkill_at_every_crash_point_changes_no_transition() {
     let _serial = exclusive();
@@ -125,10 +128,11 @@ fn sigkill_at_every_crash_point_changes_no_transition() {
     };
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let want = multiset(&reference(broker.port, &runtime));
-    // Arrivals counted from the start. A fix every 2 ms makes a commit
-    // (and a write) every one to a few fixes, so these fall a tenth to a
-    // third of the way through the stream, and are reached even when a
-    // loaded machine folds ten batches into each commit.
+    // Arrivals counted from the start. A fix every 10 ms makes a commit
+    // every fix or two; lines are written from the moment the first fixes
+    // leave their windows (2 s in), one write every commit or two. So the
+    // commit points fall early in the stream, the relay's a little past
+    // the window, all well before its end.
     for point in [
         "commit.before:30",
         "commit.inside:45",
@@ -142,6 +146,10 @@ fn sigkill_at_every_crash_point_changes_no_transition() {
         let mut geogate = start(dir.path(), broker.port, &id, Some(point));
         runtime.block_on(publish_all(broker.port, &fleet(0..FIXES), Some(PACE)));
         geogate.wait_for_crash_point();
+        // The kill hits fixes waiting in their reorder windows (the
+        // default window): acked, so only the committed state holds them.
+        let held = geogate.metric("geogate_reorder_window_fixes");
+        assert!(held > 0.0, "{point}: no fix was waiting in a window");
         geogate.kill();
         geogate.restart();
         let (got, line) = finish_with_line(&mut geogate, want.values().map(Vec::len).sum());
@@ -439,6 +447,8 @@ fn a_fence_reload_then_a_sigkill_keeps_what_the_kept_fences_hold() {
         None,
     ));
     geogate.wait_processed(2.0, 30);
+    // Both fixes out of their windows, in the fences they were in.
+    support::geogate::wait_until(30, "the first enters", || events_of(dir.path()).len() >= 2);
     // B goes; E comes, where B was.
     let reloaded = FENCES.replace(r#""id":"B""#, r#""id":"E""#);
     std::fs::write(dir.path().join("fences.geojson"), reloaded).unwrap();
@@ -463,5 +473,40 @@ fn a_fence_reload_then_a_sigkill_keeps_what_the_kept_fences_hold() {
             t("b", "E", "enter", 1),
             t("b", "E", "exit", 2),
         ]
+    );
+}
+
+/// Restore is exact: a restart with fence A removed while vehicle a (in A)
+/// is silent drops its membership; a SIGHUP brings A back; a SIGKILL, a
+/// restart with A in the file, and a's next fix in A enters A, as in the
+/// process that was killed. (Before, the restart reloaded a's membership
+/// from the store, which still had it.)
+#[test]
+fn a_restart_without_a_fence_then_its_reload_and_a_sigkill_keeps_the_membership_dropped() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut geogate = start(dir.path(), broker.port, "restore", None);
+    runtime.block_on(publish_all(broker.port, &[at("a", 0, 10.005)], None));
+    geogate.wait_processed(1.0, 30);
+    let (ok, stdout) = geogate.stop();
+    assert!(ok, "{stdout}");
+    // A removed (renamed, so the file keeps its other fences); a is silent.
+    let without_a = FENCES.replace(r#""id":"A""#, r#""id":"A-retired""#);
+    std::fs::write(dir.path().join("fences.geojson"), &without_a).unwrap();
+    geogate.restart();
+    std::fs::write(dir.path().join("fences.geojson"), FENCES).unwrap();
+    geogate.sighup();
+    geogate.wait_for_log("fences reloaded", 1);
+    geogate.kill();
+    geogate.restart();
+    runtime.block_on(publish_all(broker.port, &[at("a", 1, 10.005)], None));
+    geogate.wait_processed(1.0, 30);
+    assert_eq!(
+        finish_checked(&mut geogate, 2, "restore"),
+        vec![t("a", "A", "enter", 0), t("a", "A", "enter", 1)]
     );
 }

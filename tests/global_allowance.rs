@@ -248,9 +248,10 @@ fn three_instances_on_a_shared_subscription_spend_one_allowance() {
     support::geogate::wait_until(120, "every ping received and processed", || {
         let total = |name: &str| instances.iter().map(|g| g.metric(name)).sum::<f64>();
         total("geogate_events_received_total") >= PINGS as f64
-            && total("geogate_events_shed_total")
-                + total("geogate_events_evaluated_total")
-                + total("geogate_events_invalid_total")
+            && instances
+                .iter()
+                .map(|g| support::geogate::finished(&g.metrics()))
+                .sum::<f64>()
                 >= total("geogate_events_received_total")
     });
     stop.store(true, std::sync::atomic::Ordering::Relaxed);

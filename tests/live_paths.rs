@@ -124,6 +124,10 @@ fn an_enter_past_max_memberships_is_counted() {
         None,
     ));
     geogate.wait_processed(1.0, 20);
+    // Counted when the fix leaves its reorder window.
+    support::geogate::wait_until(20, "the overflow counted", || {
+        geogate.metric("geogate_membership_overflow_total") >= 1.0
+    });
     assert_eq!(geogate.metric("geogate_membership_overflow_total"), 1.0);
     let (ok, _) = geogate.terminate();
     assert!(ok);
@@ -246,10 +250,13 @@ fn the_leaky_shaper_paces_pings_and_loses_none_in_its_lane() {
     // One decode lane: the premise below is the publishing order across
     // topics (the movers reach the router before the pings), and lanes
     // keep only each topic's order.
+    // No reorder window: it would hand the released pings' enters on in
+    // groups (at each release, and all at the stop), which is its job but
+    // not what this test judges.
     let mut s = setup(
         broker.port,
         "shaper",
-        "queue_capacity = 8\nsustained_rate = 50\ndecode_lanes = 1",
+        "queue_capacity = 8\nsustained_rate = 50\ndecode_lanes = 1\nreorder_window_ms = 0",
     );
     s.gate = "kind = \"leaky_shaper\"\nrate = 10\nburst = 10";
     s.events_mqtt = true;

@@ -22,8 +22,14 @@ fn fix_key(payload: &[u8]) -> Option<(String, i64)> {
     Some((v["vehicle"].as_str()?.to_owned(), v["ts"].as_i64()?))
 }
 
+/// No reorder window, for the tests that judge acks by the events file: a
+/// fix waiting in a window is finished (committed, acked) before its
+/// transition is written, by design.
+const NO_WINDOW: &str = "reorder_window_ms = 0";
+
 /// Whether geogate has finished a fix: its `enter` is in the events file
 /// (each fix of [`crossing_fixes`] makes one). Reads only what is new.
+/// Without a window (see [`NO_WINDOW`]).
 fn finished_by_events_file(events: PathBuf) -> Finished {
     let seen = Mutex::new((0usize, HashSet::<(String, i64)>::new()));
     Box::new(move |payload| {
@@ -139,7 +145,11 @@ fn acks_answer_only_their_own_connection() {
     );
     let geogate = GeogateProcess::start(
         dir.path(),
-        &setup(proxy.port, "ack-tags", "sustained_rate = 100"),
+        &setup(
+            proxy.port,
+            "ack-tags",
+            "sustained_rate = 100\nreorder_window_ms = 0",
+        ),
     );
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let mut kept = Vec::new();
@@ -248,7 +258,7 @@ fn a_burst_is_acked_once_in_order_and_promptly() {
         broker.port,
         finished_by_events_file(dir.path().join("events.ndjson")),
     );
-    let geogate = GeogateProcess::start(dir.path(), &setup(proxy.port, "ack-burst", ""));
+    let geogate = GeogateProcess::start(dir.path(), &setup(proxy.port, "ack-burst", NO_WINDOW));
     let fixes = crossing_fixes("d", 50, 0, 3000);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(publish_all(broker.port, &fixes, None));

@@ -141,7 +141,7 @@ fn check_known_stream(broker_port: u16, embedded: bool, extra_mqtt: &str) {
     }
     let shed = reasons.remove("shed").unwrap_or(0);
     let expected: BTreeMap<String, usize> = [
-        ("malformed_json", 3),
+        ("malformed_json", 2),
         ("out_of_range", 2),
         ("missing_field", 1),
         ("unknown_format", 1),
@@ -160,7 +160,7 @@ fn check_known_stream(broker_port: u16, embedded: bool, extra_mqtt: &str) {
     let line = support::geogate::accounting_line(&stdout);
     assert!(line.ends_with("(balanced)"), "{line}");
     let expect = format!(
-        "accounting: received {} = invalid 8 (duplicate 1) + ignored 0 + shed {shed} + evaluated 0 + held {} + late 0 + in_queue 0 (balanced)",
+        "accounting: received {} = invalid 7 (duplicate 1) + ignored 1 + shed {shed} + evaluated 0 + held {} + late 0 + in_queue 0 (balanced)",
         total as usize,
         total as usize - 8 - shed
     );
@@ -282,6 +282,11 @@ fn sighup_swaps_fences_from_that_point_on() {
         None,
     ));
     geogate.wait_processed(1.0, 20);
+    // Out of its reorder window, so applied with the fences of now: a fix
+    // still waiting would take those live when it leaves.
+    wait_until(20, "the first enter", || {
+        read_ndjson(&dir.path().join("events.ndjson")).len() == 1
+    });
 
     // A bad file is refused and the old fences stay.
     std::fs::write(

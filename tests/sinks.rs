@@ -116,7 +116,13 @@ fn an_events_file_that_fails_then_recovers_loses_and_repeats_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let events = dir.path().join("events.ndjson");
     point(&events, Path::new("/dev/full"));
-    let geogate = GeogateProcess::start(dir.path(), &setup(broker.port, "ev-full", ""));
+    // No reorder window: every fix makes its transition in its own batch,
+    // so a failing events file holds that batch's acks (with a window, the
+    // fixes are committed and acked first, and their lines held later).
+    let geogate = GeogateProcess::start(
+        dir.path(),
+        &setup(broker.port, "ev-full", "reorder_window_ms = 0"),
+    );
     // Every fix crosses into the other fence: one enter each.
     let fixes = crossing_fixes("e", 3, 0, 30);
     let runtime = tokio::runtime::Runtime::new().unwrap();

@@ -19,6 +19,7 @@ pub const GATE_ADMITTED_TOTAL: &str = "geogate_gate_admitted_total";
 pub const BACKPRESSURE_WAITS_TOTAL: &str = "geogate_backpressure_waits_total";
 pub const FIXES_LATE_TOTAL: &str = "geogate_fixes_late_total";
 pub const FIXES_HELD_TOTAL: &str = "geogate_fixes_held_total";
+pub const FIXES_RELEASED_TOTAL: &str = "geogate_fixes_released_total";
 pub const MESSAGES_IGNORED_TOTAL: &str = "geogate_messages_ignored_total";
 pub const DUPLICATES_IGNORED_TOTAL: &str = "geogate_duplicates_ignored_total";
 pub const EVENTS_IN_QUEUE: &str = "geogate_events_in_queue";
@@ -59,7 +60,7 @@ pub fn describe() {
     describe_counter!(
         EVENTS_EVALUATED_TOTAL,
         Unit::Count,
-        "Fixes evaluated against the fences, by shard."
+        "Fixes evaluated against the fences, by shard: on arrival, or on leaving their reorder window (those also in geogate_fixes_released_total)."
     );
     describe_histogram!(
         END_TO_END_LATENCY_SECONDS,
@@ -92,6 +93,11 @@ pub fn describe() {
         FIXES_HELD_TOTAL,
         Unit::Count,
         "Fixes taken into their vehicle's reorder window, applied from there in fix-time order (the held term of the accounting line)."
+    );
+    describe_counter!(
+        FIXES_RELEASED_TOTAL,
+        Unit::Count,
+        "Fixes that left their reorder window and were evaluated (counted in geogate_events_evaluated_total too, not again in the accounting line)."
     );
     describe_counter!(
         MESSAGES_IGNORED_TOTAL,

@@ -5,11 +5,11 @@
 //! messages stay in one lane, in order, so a vehicle that publishes under
 //! one topic keeps its fixes' order too. The topic does not always name
 //! the vehicle: a native payload with a `vehicle` field names it in its
-//! body. One vehicle under two topics can race between lanes, and the
-//! out-of-order rule covers that as it covers any late fix: a fix older
-//! than the vehicle's last applied one changes nothing and is counted
-//! `out_of_order` (or `duplicate`, when the broker flagged it a
-//! redelivery).
+//! body. One vehicle under two topics can race between lanes; the
+//! vehicle's reorder window puts the race back in fix-time order, and past
+//! the window a fix older than the vehicle's last applied one changes
+//! nothing and is counted `late` (or `duplicate`, when the broker flagged
+//! it a redelivery).
 
 use super::Envelope;
 use std::sync::Arc;

@@ -157,6 +157,10 @@ pub struct OpenContext {
     pub instance: String,
     /// The loaded fence set's fingerprint, kept current across reloads.
     pub fence_fingerprint: watch::Receiver<String>,
+    /// The fence set loaded at start: restored memberships of fences no
+    /// longer in it are dropped, and the store told so, before anything
+    /// runs.
+    pub fences: Arc<FenceIndex>,
     /// Shards the pipeline runs.
     pub shards: usize,
     /// Label transition counts by fence (opt-in).

@@ -425,16 +425,11 @@ listen = "127.0.0.1:{metrics_port}"
         let deadline = Instant::now() + Duration::from_secs(secs);
         loop {
             let m = self.metrics();
-            let get = |k: &str| m.get(k).copied().unwrap_or(0.0);
-            let done = get("geogate_events_invalid_total")
-                + get("geogate_messages_ignored_total")
-                + get("geogate_events_shed_total")
-                + get("geogate_events_evaluated_total")
-                + get("geogate_fixes_held_total")
-                + get("geogate_fixes_late_total");
-            if get("geogate_events_received_total") >= n
-                && done >= get("geogate_events_received_total")
-            {
+            let received = m
+                .get("geogate_events_received_total")
+                .copied()
+                .unwrap_or(0.0);
+            if received >= n && finished(&m) >= received {
                 return;
             }
             assert!(
@@ -456,6 +451,20 @@ impl Drop for GeogateProcess {
 }
 
 /// Sums each `geogate_*` metric over its labels, from `/metrics` on `port`.
+/// Messages finished, by the accounting line's terms, from one instance's
+/// metrics: a fix that left its reorder window is in the evaluated metric
+/// and the released one, and finished once, as held.
+pub fn finished(m: &HashMap<String, f64>) -> f64 {
+    let get = |k: &str| m.get(k).copied().unwrap_or(0.0);
+    get("geogate_events_invalid_total")
+        + get("geogate_messages_ignored_total")
+        + get("geogate_events_shed_total")
+        + get("geogate_events_evaluated_total")
+        - get("geogate_fixes_released_total")
+        + get("geogate_fixes_held_total")
+        + get("geogate_fixes_late_total")
+}
+
 pub fn scrape(port: u16) -> HashMap<String, f64> {
     let mut out = HashMap::new();
     for (series, value) in scrape_series(port) {

@@ -9,7 +9,7 @@ use crate::model::VehicleId;
 use crate::pipeline::accounting::Accounting;
 use crate::pipeline::metrics::{
     DUPLICATES_IGNORED_TOTAL, END_TO_END_LATENCY_SECONDS, EVENTS_EVALUATED_TOTAL,
-    EVENTS_INVALID_TOTAL, FIXES_HELD_TOTAL,
+    EVENTS_INVALID_TOTAL, FIXES_HELD_TOTAL, FIXES_RELEASED_TOTAL,
 };
 use crate::sampling::SAMPLE_EVERY;
 use crate::source::{AckToken, Completions};
@@ -23,6 +23,7 @@ use tokio::sync::mpsc;
 pub struct ShardCounters {
     evaluated: metrics::Counter,
     held: metrics::Counter,
+    released: metrics::Counter,
     duplicates: metrics::Counter,
     /// `geogate_events_invalid_total{reason="duplicate"}`: a redelivery the
     /// state recognised is refused as the dedup window's are.
@@ -46,6 +47,7 @@ impl ShardCounters {
         Self {
             evaluated: metrics::counter!(EVENTS_EVALUATED_TOTAL, "shard" => shard.to_string()),
             held: metrics::counter!(FIXES_HELD_TOTAL),
+            released: metrics::counter!(FIXES_RELEASED_TOTAL),
             duplicates: metrics::counter!(DUPLICATES_IGNORED_TOTAL, "by" => "state"),
             invalid_duplicates: metrics::counter!(EVENTS_INVALID_TOTAL, "reason" => "duplicate"),
             latency: metrics::histogram!(END_TO_END_LATENCY_SECONDS),
@@ -82,8 +84,12 @@ impl Completion for Finished {
         let c = &self.counters;
         c.accounting.finished(o.evaluated, o.held, o.duplicates);
         c.accounting.transitions(o.enters + o.exits);
-        c.evaluated.increment(o.evaluated);
+        // The metric counts every evaluation; the accounting line counts
+        // each message once, when it finishes (a released fix finished as
+        // held).
+        c.evaluated.increment(o.evaluated + o.released);
         c.held.increment(o.held);
+        c.released.increment(o.released);
         c.duplicates.increment(o.duplicates);
         c.invalid_duplicates.increment(o.duplicates);
         // One clock read for the batch: its messages finish together.

@@ -26,7 +26,8 @@ use commit::{CommitRequest, Committer, MAX_BATCHES_PER_COMMIT};
 use shard::LocalShard;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use store::Opened;
+use std::sync::atomic::Ordering::Relaxed;
+use store::{CommitBatch, Opened};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -54,7 +55,7 @@ impl LocalBackend {
     ) -> Result<Self, StateError> {
         let file_seq = opened.file_seq();
         let Opened {
-            store,
+            mut store,
             recovered,
             tail,
         } = opened;
@@ -88,6 +89,23 @@ impl LocalBackend {
                 }),
             ),
         });
+        let (restored, pruned) = prune_to_fences(recovered.vehicles, &ctx.fences);
+        if durable && !pruned.is_empty() {
+            // Written before anything runs: the store must hold what this
+            // process holds, or a reload that brings a fence back, then a
+            // crash, would bring its memberships back too.
+            tracing::info!(
+                vehicles = pruned.len(),
+                "state: dropped memberships of fences no longer in the fence set"
+            );
+            store.commit(&CommitBatch {
+                vehicles: pruned,
+                outbox: Vec::new(),
+                next_seq: recovered.next_seq,
+                file_cursor: cursors.file.load(Relaxed),
+                mqtt_cursor: cursors.mqtt.load(Relaxed),
+            })?;
+        }
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         // The file first: if it cannot be opened, nothing has been started.
         let file = match events {
@@ -139,12 +157,33 @@ impl LocalBackend {
             durable,
             settings: ctx.settings,
             per_fence_labels: ctx.per_fence_labels,
-            restored: resume_receive_clock(recovered.vehicles, crate::clock::receive_now_ms()),
+            restored: resume_receive_clock(restored, crate::clock::receive_now_ms()),
             committer,
             relay,
             publisher,
         })
     }
+}
+
+/// Drops the restored memberships and pending dwells of fences no longer
+/// in `fences`, as a reload drops them (without events); returns the
+/// vehicles, and the records of those that changed, for the store.
+fn prune_to_fences(
+    mut vehicles: Vec<(VehicleId, VehicleSnapshot)>,
+    fences: &FenceIndex,
+) -> (Vec<(VehicleId, VehicleSnapshot)>, Vec<store::VehicleChange>) {
+    let mut changed = Vec::new();
+    for (id, s) in &mut vehicles {
+        let before = (s.members.len(), s.pending.len());
+        s.members.retain(|f| fences.find(f).is_some());
+        s.pending.retain(|(f, _)| fences.find(f).is_some());
+        if (s.members.len(), s.pending.len()) != before {
+            let mut bytes = Vec::with_capacity(32);
+            record::encode(s, &mut bytes);
+            changed.push((id.clone(), Some(bytes)));
+        }
+    }
+    (vehicles, changed)
 }
 
 /// Moves the restored vehicles' receive-clock times forward by the time
@@ -268,6 +307,7 @@ mod tests {
             settings: EvaluatorSettings::default(),
             instance: "test".into(),
             fence_fingerprint: watch::channel(String::new()).1,
+            fences: index(NO_FENCES),
             shards: 1,
             per_fence_labels: false,
             drain: Drain::never(),

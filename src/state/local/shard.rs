@@ -14,7 +14,7 @@ use crate::state::metrics::{
 };
 use crate::state::{Batch, BoxFuture, Completion, Late, Outcomes, ShardState, Stopped};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 pub struct LocalShard {
     evaluator: Evaluator,
@@ -31,8 +31,6 @@ pub struct LocalShard {
     /// The evaluator's overflow count already reported.
     overflow_seen: u64,
     changed: Vec<(VehicleId, Option<VehicleSnapshot>)>,
-    /// Resolves once the restored state's write-back is committed.
-    restored_written: Option<oneshot::Receiver<()>>,
 }
 
 impl LocalShard {
@@ -43,7 +41,7 @@ impl LocalShard {
         durable: bool,
         per_fence_labels: bool,
     ) -> Self {
-        let mut shard = Self {
+        Self {
             window_fixes: metrics::gauge!(REORDER_WINDOW_FIXES, "shard" => shard.to_string()),
             expired: metrics::counter!(VEHICLES_EXPIRED_TOTAL),
             evaluator,
@@ -55,10 +53,7 @@ impl LocalShard {
             evaluations: 0,
             overflow_seen: 0,
             changed: Vec::new(),
-            restored_written: None,
-        };
-        shard.write_back_restored();
-        shard
+        }
     }
 
     /// Takes the batch's fixes in order, then whatever falls due by the
@@ -151,25 +146,6 @@ impl LocalShard {
         }))
     }
 
-    /// Commits what [`Evaluator::restore`] changed (memberships of fences
-    /// no longer in the set), before the shard's first batch is applied.
-    fn write_back_restored(&mut self) {
-        if !self.durable || !self.evaluator.has_changes() {
-            return;
-        }
-        let (tx, rx) = oneshot::channel();
-        let request = CommitRequest {
-            vehicles: self.changed_records(),
-            transitions: Vec::new(),
-            outcomes: Outcomes::default(),
-            fixes: 0,
-            done: Box::new(Written(tx)),
-        };
-        let commits = self.commits.clone();
-        tokio::spawn(async move { commits.send(request).await });
-        self.restored_written = Some(rx);
-    }
-
     /// The vehicles the batch changed, encoded for a durable store (none
     /// for the memory store, which keeps nothing).
     fn changed_records(&mut self) -> Vec<VehicleChange> {
@@ -198,11 +174,6 @@ impl ShardState for LocalShard {
         done: Box<dyn Completion>,
     ) -> BoxFuture<'a, Result<(), Stopped>> {
         Box::pin(async move {
-            if let Some(written) = self.restored_written.take() {
-                // What restore() dropped must be durable before anything,
-                // a fence reload in particular, builds on it.
-                written.await.map_err(|_| Stopped)?;
-            }
             if let Some(index) = batch.fences {
                 self.evaluator.swap_index(index);
             }
@@ -228,14 +199,5 @@ impl ShardState for LocalShard {
             };
             self.commits.send(request).await.map_err(|_| Stopped)
         })
-    }
-}
-
-/// Tells a shard that its restored state's write-back is committed.
-struct Written(oneshot::Sender<()>);
-
-impl Completion for Written {
-    fn complete(self: Box<Self>, _: Outcomes) {
-        let _ = self.0.send(());
     }
 }

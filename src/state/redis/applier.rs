@@ -143,7 +143,7 @@ impl SharedApplier {
                     // that failed may still have run (a reply lost to a
                     // timeout), so its fixes go again marked redelivered:
                     // then a vehicle's earlier fixes in it count as
-                    // duplicates, not as out of order.
+                    // duplicates, not as late.
                     Err(e) => {
                         failure = Some(e.to_string());
                         let mut fixes = fixes;
