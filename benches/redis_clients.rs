@@ -53,7 +53,7 @@ fn facts(rules: &SharedRules, c: usize, g: u64) -> (u32, Vec<FixFacts>) {
             vehicle: vehicle.into(),
             fix_ms: 1_750_000_000_000 + g as i64 * 1000,
             redelivered: false,
-            digest: g as u64,
+            digest: g,
             probe: FenceProbe {
                 containing,
                 near: Vec::new(),

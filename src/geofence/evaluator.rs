@@ -45,8 +45,7 @@ use super::index::{Coverings, FenceIdx, FenceIndex};
 use crate::model::{FenceId, VehicleId};
 use geo::Coord;
 use serde::Serialize;
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 /// Most digests kept of the fixes applied at one fix time: enough for an
@@ -207,7 +206,8 @@ struct VehicleState {
     /// Fences awaiting dwell confirmation: (fence, first qualifying fix).
     pending: Vec<(FenceIdx, i64)>,
     /// The reorder window, in fix-time order (arrival order among equals).
-    window: Vec<HeldFix>,
+    /// A deque: fixes leave from the front and mostly arrive at the back.
+    window: VecDeque<HeldFix>,
     /// Listed in `changed` since the last [`Evaluator::take_changed`].
     changed: bool,
 }
@@ -274,10 +274,17 @@ pub struct Evaluator {
     /// colliding on purpose.
     vehicles: HashMap<VehicleId, VehicleState, foldhash::fast::RandomState>,
     stats: EvaluatorStats,
-    /// When each held fix is due to leave its window: (due ms, vehicle).
-    /// One entry per held fix; an entry whose fix has already left (with
-    /// a later one of its vehicle) finds nothing due and is dropped.
-    due: BinaryHeap<Reverse<(i64, VehicleId)>>,
+    /// When each held fix is due to leave its window: (due ms, vehicle,
+    /// fix ms), in arrival order. A queue, not a heap: due times are the
+    /// receive clock plus one window, so they rise with arrivals (a fix
+    /// handed over out of receive order, across decode lanes, waits at
+    /// most until the one queued before it is due). An entry whose fix has
+    /// already left, with a later one of its vehicle, releases nothing.
+    due: VecDeque<(i64, VehicleId, i64)>,
+    /// False after a restore, until `due` is sorted again.
+    due_sorted: bool,
+    /// Fixes in every window together.
+    held: usize,
     /// The receive-clock time of the next idle sweep.
     next_sweep_ms: i64,
     /// Scratch buffer for covering fences, reused across fixes.
@@ -306,7 +313,9 @@ impl Evaluator {
             settings,
             vehicles: HashMap::default(),
             stats: EvaluatorStats::default(),
-            due: BinaryHeap::new(),
+            due: VecDeque::new(),
+            due_sorted: true,
+            held: 0,
             next_sweep_ms: i64::MIN,
             covering: Vec::new(),
             released: Vec::new(),
@@ -344,7 +353,7 @@ impl Evaluator {
 
     /// Fixes waiting in reorder windows now.
     pub fn held_now(&self) -> usize {
-        self.vehicles.values().map(|s| s.window.len()).sum()
+        self.held
     }
 
     pub fn index(&self) -> &Arc<FenceIndex> {
@@ -460,7 +469,21 @@ impl Evaluator {
         let applied_before = (fix.fix_ms == state.last_fix_ms
             && state.last_digests.contains(&fix.digest))
             || (fix.redelivered && fix.fix_ms < state.last_fix_ms);
-        if applied_before || state.window.iter().any(|h| h.digest == fix.digest) {
+        // Where the fix goes in the window: after every held fix of its
+        // time or earlier. Fixes mostly come in order, so that is the back.
+        let at = if state.window.back().is_none_or(|h| h.fix_ms <= fix.fix_ms) {
+            state.window.len()
+        } else {
+            state.window.partition_point(|h| h.fix_ms <= fix.fix_ms)
+        };
+        // Only a held fix of the same time can be the same message.
+        let held_before = state
+            .window
+            .range(..at)
+            .rev()
+            .take_while(|h| h.fix_ms == fix.fix_ms)
+            .any(|h| h.digest == fix.digest);
+        if applied_before || held_before {
             self.stats.duplicates += 1;
             return FixOutcome::Duplicate;
         }
@@ -501,15 +524,16 @@ impl Evaluator {
             received_ms: fix.received_ms,
             digest: fix.digest,
         };
-        // After every fix of the same time: equal times keep arrival order.
-        let at = state.window.partition_point(|h| h.fix_ms <= held.fix_ms);
+        // Equal times keep arrival order.
         state.window.insert(at, held);
         self.stats.held += 1;
-        self.due.push(Reverse((
+        self.held += 1;
+        self.due.push_back((
             fix.received_ms
                 .saturating_add(self.settings.reorder_window_ms),
             fix.vehicle.clone(),
-        )));
+            fix.fix_ms,
+        ));
         if state.window.len() > MAX_WINDOW_FIXES {
             // Release up to the earliest-arrived fix, as if its time had
             // come: the window stays bounded and stays in fix-time order.
@@ -520,6 +544,7 @@ impl Evaluator {
                 .map_or(i64::MIN, |h| h.fix_ms);
             let n = state.window.partition_point(|h| h.fix_ms <= first_arrived);
             self.stats.window_overflow += n as u64;
+            self.held -= n;
             self.released.clear();
             self.released.extend(state.window.drain(..n));
             for &h in &self.released {
@@ -544,28 +569,29 @@ impl Evaluator {
     /// input has been handed in), together with any earlier fixes of its
     /// vehicle still waiting. Returns how many fixes left their windows.
     pub fn release_due(&mut self, watermark_ms: i64, out: &mut Vec<Transition>) -> u64 {
-        let window_ms = self.settings.reorder_window_ms.max(0);
+        if !self.due_sorted {
+            self.due.make_contiguous().sort_by_key(|e| e.0);
+            self.due_sorted = true;
+        }
         let mut released = 0;
-        while let Some(Reverse((due, _))) = self.due.peek() {
-            if *due > watermark_ms {
-                break;
-            }
-            let Some(Reverse((_, vehicle))) = self.due.pop() else {
+        while self
+            .due
+            .front()
+            .is_some_and(|(due, ..)| *due <= watermark_ms)
+        {
+            let Some((_, vehicle, upto)) = self.due.pop_front() else {
                 break;
             };
             let Some(state) = self.vehicles.get_mut(&vehicle) else {
                 continue;
             };
-            let Some(upto) = state
-                .window
-                .iter()
-                .filter(|h| h.received_ms.saturating_add(window_ms) <= watermark_ms)
-                .map(|h| h.fix_ms)
-                .max()
-            else {
+            // This fix is due, and every held fix of its vehicle dated
+            // before it leaves with it: mostly the first few.
+            let n = state.window.iter().take_while(|h| h.fix_ms <= upto).count();
+            if n == 0 {
                 continue;
-            };
-            let n = state.window.partition_point(|h| h.fix_ms <= upto);
+            }
+            self.held -= n;
             self.released.clear();
             self.released.extend(state.window.drain(..n));
             if self.track_changes && !state.changed {
@@ -667,7 +693,7 @@ impl Evaluator {
                         .iter()
                         .map(|&(f, since)| (self.index.fence(f).id.clone(), since))
                         .collect(),
-                    window: s.window.clone(),
+                    window: s.window.iter().copied().collect(),
                 }
             });
             out.push((id, snapshot));
@@ -700,11 +726,17 @@ impl Evaluator {
             members.len() < snapshot.members.len() || pending.len() < snapshot.pending.len();
         let window_ms = self.settings.reorder_window_ms.max(0);
         for h in &snapshot.window {
-            self.due.push(Reverse((
+            let entry = (
                 h.received_ms.saturating_add(window_ms),
                 vehicle.clone(),
-            )));
+                h.fix_ms,
+            );
+            self.due.push_back(entry);
         }
+        // Restored vehicles come in any order: sorted before the next
+        // release.
+        self.due_sorted = false;
+        self.held += snapshot.window.len();
         let changed = self.track_changes && shrank;
         if changed {
             self.changed.push(vehicle.clone());
@@ -717,7 +749,7 @@ impl Evaluator {
                 last_heard_ms: snapshot.last_heard_ms,
                 members,
                 pending,
-                window: snapshot.window.clone(),
+                window: snapshot.window.iter().copied().collect(),
                 changed,
             },
         );

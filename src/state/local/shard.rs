@@ -134,7 +134,12 @@ impl LocalShard {
     /// sampled, so the clock is not read), or `None` when the fixes are to
     /// be looked up one by one.
     fn cover_if_large(&mut self, fixes: &[Fix<'_>]) -> Option<Duration> {
-        if fixes.len() < 2 || !self.evaluator.index().prefers_batches() {
+        // With a reorder window the fixes are held, and looked up when
+        // they leave it: a lookup now would be wasted.
+        if fixes.len() < 2
+            || !self.evaluator.index().prefers_batches()
+            || self.evaluator.settings().reorder_window_ms > 0
+        {
             return None;
         }
         let n = fixes.len() as u64;
