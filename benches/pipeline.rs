@@ -25,7 +25,7 @@ use geogate::pipeline::accounting::{Accounting, Balance};
 use geogate::pipeline::decode::Decoded;
 use geogate::pipeline::shard::completion::ShardCounters;
 use geogate::pipeline::shard::queue::{QueueReceiver, QueueSender, queue};
-use geogate::pipeline::shard::router::LateFix;
+use geogate::pipeline::shard::router::Unapplied;
 use geogate::pipeline::shard::{RefusalCounters, Router, ShardInput, WorkerContext, worker};
 use geogate::replay::capture;
 use geogate::shutdown::Drain;
@@ -200,7 +200,7 @@ impl Pipeline {
             drain: run.drain.clone(),
             refused: Vec::new(),
             counters: RefusalCounters::new(),
-            late: run.late_receiver(),
+            unapplied: run.late_receiver(),
         }
     }
 
@@ -492,10 +492,13 @@ struct RunContext {
     /// The late fixes' channel from the workers to the router: the router
     /// takes the receiver and, with it, this sender (it waits for every
     /// sender to go), so workers are built first, as `service::run` does.
-    late: std::sync::Mutex<(Option<LateSender>, Option<mpsc::UnboundedReceiver<LateFix>>)>,
+    late: std::sync::Mutex<(
+        Option<LateSender>,
+        Option<mpsc::UnboundedReceiver<Unapplied>>,
+    )>,
 }
 
-type LateSender = mpsc::UnboundedSender<LateFix>;
+type LateSender = mpsc::UnboundedSender<Unapplied>;
 
 impl RunContext {
     fn new() -> Self {
@@ -519,7 +522,7 @@ impl RunContext {
             .unwrap_or_else(|| mpsc::unbounded_channel().0)
     }
 
-    fn late_receiver(&self) -> mpsc::UnboundedReceiver<LateFix> {
+    fn late_receiver(&self) -> mpsc::UnboundedReceiver<Unapplied> {
         let mut late = self.late.lock().expect("not poisoned");
         late.0 = None;
         late.1.take().unwrap_or_else(|| mpsc::unbounded_channel().1)

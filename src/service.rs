@@ -261,7 +261,7 @@ pub async fn run(
     let mut inputs = Vec::with_capacity(shard_count);
     let mut queues = Vec::with_capacity(shard_count);
     let mut workers = Vec::with_capacity(shard_count);
-    let (late_tx, late_rx) = mpsc::unbounded_channel();
+    let (unapplied_tx, unapplied_rx) = mpsc::unbounded_channel();
     for shard in 0..shard_count {
         let (tx, rx) = shard::queue::queue(capacity);
         queues.push(tx.fill_view());
@@ -292,7 +292,7 @@ pub async fn run(
                 shard,
                 accounting.clone(),
                 completions.clone(),
-                late_tx.clone(),
+                unapplied_tx.clone(),
             )),
             sustained_rate: config.pipeline.sustained_rate,
             drain: drain.clone(),
@@ -311,9 +311,9 @@ pub async fn run(
         drain,
         refused: Vec::new(),
         counters: RefusalCounters::new(),
-        late: late_rx,
+        unapplied: unapplied_rx,
     };
-    drop(late_tx);
+    drop(unapplied_tx);
     let decoded = decode::start(intake_lanes, config.codec.clone());
     let router = router.spawn(decoded);
     let (subscribed_tx, subscribed_rx) = watch::channel(false);

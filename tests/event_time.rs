@@ -294,8 +294,9 @@ fn one_wrong_clock_moves_nobody_else_and_quiet_vehicles_exit_on_expiry() {
 }
 
 /// Time while geogate was down is not idleness: a fleet parked in A, a
-/// stop longer than the idle expiry, a restart, and a fix from each: no
-/// exit and no second enter.
+/// stop longer than the idle expiry, a restart, and a fix from half of
+/// it; then the same again, so that the silent half's outages add up
+/// across restarts: no exit and no second enter.
 #[test]
 fn an_outage_longer_than_the_idle_expiry_expires_nobody() {
     let _serial = exclusive();
@@ -333,8 +334,14 @@ fn an_outage_longer_than_the_idle_expiry_expires_nobody() {
     // Down for longer than the idle expiry.
     std::thread::sleep(Duration::from_secs(22));
     geogate.restart();
-    geogate.wait_for_log("subscribed", 1);
-    runtime.block_on(publish_all(broker.port, &round(1), None));
+    let half = |k: i64| -> Vec<Message> { round(k).into_iter().take(25).collect() };
+    runtime.block_on(publish_all(broker.port, &half(1), None));
+    geogate.wait_processed(25.0, 30);
+    let (ok, stdout) = geogate.stop();
+    assert!(ok, "{stdout}");
+    std::thread::sleep(Duration::from_secs(22));
+    geogate.restart();
+    runtime.block_on(publish_all(broker.port, &round(2), None));
     geogate.wait_processed(50.0, 30);
     let (ok, stdout) = geogate.stop();
     assert!(ok, "{stdout}");

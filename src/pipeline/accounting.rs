@@ -43,6 +43,8 @@ struct RouterCounts {
     /// Written to the dead letter by the router, after the state found
     /// them late.
     late: AtomicU64,
+    /// Of `invalid[duplicate]`: those the state found (admitted first).
+    state_duplicates: AtomicU64,
     shed: AtomicU64,
     admitted: AtomicU64,
     /// Taken but never finished at shutdown: a refusal whose dead-letter
@@ -55,10 +57,6 @@ struct RouterCounts {
 struct WorkerCounts {
     evaluated: AtomicU64,
     held: AtomicU64,
-    /// Redeliveries the vehicle state recognised (after a restart, past
-    /// the codec's dedup window); counted under `invalid`, reason
-    /// `duplicate`, beside the window's.
-    duplicates: AtomicU64,
     transitions: AtomicU64,
 }
 
@@ -147,14 +145,23 @@ impl Accounting {
         self.router.0.late.fetch_add(1, Relaxed);
     }
 
-    /// A batch of admitted fixes finished: applied on arrival, taken into
-    /// the reorder window, or already applied. (Its late fixes finish
-    /// once their dead letter is written: [`Self::late`].)
-    pub fn finished(&self, evaluated: u64, held: u64, duplicates: u64) {
+    /// The dead-letter record of a duplicate the vehicle state found is
+    /// written: counted under `invalid`, reason `duplicate`, beside the
+    /// window's.
+    pub fn state_duplicate(&self) {
+        let r = &self.router.0;
+        r.invalid[Reason::Duplicate.index()].fetch_add(1, Relaxed);
+        r.state_duplicates.fetch_add(1, Relaxed);
+    }
+
+    /// A batch of admitted fixes finished: applied on arrival, or taken
+    /// into the reorder window. (Its late fixes and duplicates finish once
+    /// their dead letters are written: [`Self::late`],
+    /// [`Self::state_duplicate`].)
+    pub fn finished(&self, evaluated: u64, held: u64) {
         let w = &self.workers.0;
         w.evaluated.fetch_add(evaluated, Relaxed);
         w.held.fetch_add(held, Relaxed);
-        w.duplicates.fetch_add(duplicates, Relaxed);
     }
 
     /// A message taken and never finished (see the field): it stays
@@ -175,14 +182,7 @@ impl Accounting {
     pub fn invalid_by_reason(&self) -> Vec<(Reason, u64)> {
         Reason::ALL
             .iter()
-            .map(|&r| {
-                let by_router = self.router.0.invalid[r.index()].load(Relaxed);
-                let by_state = match r {
-                    Reason::Duplicate => self.workers.0.duplicates.load(Relaxed),
-                    _ => 0,
-                };
-                (r, by_router + by_state)
-            })
+            .map(|&r| (r, self.router.0.invalid[r.index()].load(Relaxed)))
             .collect()
     }
 
@@ -192,7 +192,7 @@ impl Accounting {
         let late = self.router.0.late.load(Relaxed);
         let evaluated = self.workers.0.evaluated.load(Relaxed);
         let held = self.workers.0.held.load(Relaxed);
-        let duplicates = self.workers.0.duplicates.load(Relaxed);
+        let state_duplicates = self.router.0.state_duplicates.load(Relaxed);
         let admitted = self.router.0.admitted.load(Relaxed);
         let abandoned = self.router.0.abandoned.load(Relaxed);
         let shed = self.router.0.shed.load(Relaxed);
@@ -203,20 +203,20 @@ impl Accounting {
             .invalid
             .iter()
             .map(|c| c.load(Relaxed))
-            .sum::<u64>()
-            + duplicates;
+            .sum::<u64>();
         let received = self.received.0.load(Relaxed);
-        let window_duplicates = self.router.0.invalid[Reason::Duplicate.index()].load(Relaxed);
+        let duplicate = self.router.0.invalid[Reason::Duplicate.index()].load(Relaxed);
         Balance {
             received,
             invalid,
-            duplicate: window_duplicates + duplicates,
+            duplicate,
             ignored,
             shed,
             evaluated,
             held,
             late,
-            in_queue: (admitted + abandoned).saturating_sub(evaluated + held + late + duplicates),
+            in_queue: (admitted + abandoned)
+                .saturating_sub(evaluated + held + late + state_duplicates),
         }
     }
 }

@@ -61,7 +61,7 @@ pub struct Batch<'a> {
     /// triggers (a reorder window's release, an idle expiry) fire once
     /// their due time is at or before it, so a backlog delays them but
     /// never orders them ahead of the vehicle's own fixes. An idle shard
-    /// still gets a batch with only the watermark about once a second.
+    /// still gets a batch with only the watermark every 250 ms.
     /// `None`: nothing falls due.
     pub watermark: Option<i64>,
     /// The last batch of a graceful stop: every fix still waiting in a
@@ -92,8 +92,10 @@ pub struct Outcomes {
     pub released: u64,
     /// Fixes older than their vehicle's last applied fix: nothing changed.
     pub late: Vec<Late>,
-    /// Redeliveries of fixes already applied.
-    pub duplicates: u64,
+    /// Fixes the state knew as already applied (the same message again,
+    /// or an older one the broker marked redelivered), by their position
+    /// in the batch's fixes.
+    pub duplicates: Vec<usize>,
     /// Transitions the batch produced.
     pub enters: u64,
     pub exits: u64,

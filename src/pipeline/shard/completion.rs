@@ -4,12 +4,11 @@
 //! [`Completion`]; what finishing means (accounting, acks) stays here, in
 //! the pipeline.
 
-use super::router::LateFix;
+use super::router::{Unapplied, Why};
 use crate::model::VehicleId;
 use crate::pipeline::accounting::Accounting;
 use crate::pipeline::metrics::{
-    DUPLICATES_IGNORED_TOTAL, END_TO_END_LATENCY_SECONDS, EVENTS_EVALUATED_TOTAL,
-    EVENTS_INVALID_TOTAL, FIXES_HELD_TOTAL, FIXES_RELEASED_TOTAL,
+    END_TO_END_LATENCY_SECONDS, EVENTS_EVALUATED_TOTAL, FIXES_HELD_TOTAL, FIXES_RELEASED_TOTAL,
 };
 use crate::sampling::SAMPLE_EVERY;
 use crate::source::{AckToken, Completions};
@@ -24,17 +23,14 @@ pub struct ShardCounters {
     evaluated: metrics::Counter,
     held: metrics::Counter,
     released: metrics::Counter,
-    duplicates: metrics::Counter,
-    /// `geogate_events_invalid_total{reason="duplicate"}`: a redelivery the
-    /// state recognised is refused as the dedup window's are.
-    invalid_duplicates: metrics::Counter,
     latency: metrics::Histogram,
     /// Messages finished so far, for the latency's sampling stride.
     latency_seen: AtomicU64,
     accounting: Arc<Accounting>,
     completions: Completions,
-    /// Where late fixes go to be dead-lettered (by the router) and acked.
-    late: mpsc::UnboundedSender<LateFix>,
+    /// Where fixes the state did not apply go to be dead-lettered (by the
+    /// router) and acked.
+    unapplied: mpsc::UnboundedSender<Unapplied>,
 }
 
 impl ShardCounters {
@@ -42,19 +38,17 @@ impl ShardCounters {
         shard: usize,
         accounting: Arc<Accounting>,
         completions: Completions,
-        late: mpsc::UnboundedSender<LateFix>,
+        unapplied: mpsc::UnboundedSender<Unapplied>,
     ) -> Self {
         Self {
             evaluated: metrics::counter!(EVENTS_EVALUATED_TOTAL, "shard" => shard.to_string()),
             held: metrics::counter!(FIXES_HELD_TOTAL),
             released: metrics::counter!(FIXES_RELEASED_TOTAL),
-            duplicates: metrics::counter!(DUPLICATES_IGNORED_TOTAL, "by" => "state"),
-            invalid_duplicates: metrics::counter!(EVENTS_INVALID_TOTAL, "reason" => "duplicate"),
             latency: metrics::histogram!(END_TO_END_LATENCY_SECONDS),
             latency_seen: AtomicU64::new(0),
             accounting,
             completions,
-            late,
+            unapplied,
         }
     }
 }
@@ -82,7 +76,7 @@ pub struct Finished {
 impl Completion for Finished {
     fn complete(self: Box<Self>, o: Outcomes) {
         let c = &self.counters;
-        c.accounting.finished(o.evaluated, o.held, o.duplicates);
+        c.accounting.finished(o.evaluated, o.held);
         c.accounting.transitions(o.enters + o.exits);
         // The metric counts every evaluation; the accounting line counts
         // each message once, when it finishes (a released fix finished as
@@ -90,26 +84,29 @@ impl Completion for Finished {
         c.evaluated.increment(o.evaluated + o.released);
         c.held.increment(o.held);
         c.released.increment(o.released);
-        c.duplicates.increment(o.duplicates);
-        c.invalid_duplicates.increment(o.duplicates);
         // One clock read for the batch: its messages finish together.
         let now = Instant::now();
         let first = c
             .latency_seen
             .fetch_add(self.messages.len() as u64, Relaxed);
         let mut late = o.late.iter().peekable();
+        let mut duplicates = o.duplicates.iter().peekable();
         for (i, m) in self.messages.into_iter().enumerate() {
-            if late.peek().is_some_and(|l| l.index == i) {
-                let by_ms = late.next().map_or(0, |l| l.by_ms);
+            let why = if let Some(l) = late.next_if(|l| l.index == i) {
+                Some(Why::Late { by_ms: l.by_ms })
+            } else {
+                duplicates.next_if(|&&d| d == i).map(|_| Why::Duplicate)
+            };
+            if let Some(why) = why {
                 // Finished by the router once its dead letter is written;
                 // if the router has gone (shutdown), it stays unacked.
-                let _ = c.late.send(LateFix {
+                let _ = c.unapplied.send(Unapplied {
                     token: m.token,
                     topic: m.topic,
                     payload: m.payload,
                     vehicle: m.vehicle,
                     fix_ms: m.fix_ms,
-                    by_ms,
+                    why,
                 });
                 continue;
             }

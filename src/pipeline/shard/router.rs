@@ -50,22 +50,31 @@ pub struct Router<C: Clock> {
     /// Refusals whose records wait in the dead letter's queue, in order.
     pub refused: Vec<Refused>,
     pub counters: RefusalCounters,
-    /// Fixes the state found late, to be dead-lettered and then acked.
-    pub late: mpsc::UnboundedReceiver<LateFix>,
+    /// Fixes the state did not apply, to be dead-lettered and then acked.
+    pub unapplied: mpsc::UnboundedReceiver<Unapplied>,
 }
 
-/// A fix older than its vehicle's last applied fix once its window had
-/// passed: its message goes to the dead letter (reason `late`, with how
-/// late it was) so that it can be reprocessed, and is acked only then.
+/// A fix the state did not apply: its message goes to the dead letter, so
+/// that nothing is dropped silently and it can be reprocessed, and is
+/// acked only then.
 #[derive(Debug)]
-pub struct LateFix {
+pub struct Unapplied {
     pub token: Option<AckToken>,
     pub topic: String,
     pub payload: bytes::Bytes,
     pub vehicle: crate::model::VehicleId,
     pub fix_ms: i64,
-    /// How far behind the vehicle's last applied fix time it was.
-    pub by_ms: i64,
+    pub why: Why,
+}
+
+/// Why the state did not apply a fix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// Older than its vehicle's last applied fix once its window had
+    /// passed, by this many ms.
+    Late { by_ms: i64 },
+    /// The state knew it as applied already.
+    Duplicate,
 }
 
 /// The slot of `shed` among the dead-letter counters, after the codec's
@@ -90,6 +99,8 @@ pub struct RefusalCounters {
     ignored: [metrics::Counter; Reason::ALL.len()],
     /// `geogate_fixes_late_total`.
     late: metrics::Counter,
+    /// `geogate_duplicates_ignored_total{by="state"}`.
+    state_duplicates: metrics::Counter,
 }
 
 impl RefusalCounters {
@@ -111,6 +122,7 @@ impl RefusalCounters {
             ignored: Reason::ALL
                 .map(|r| metrics::counter!(MESSAGES_IGNORED_TOTAL, "reason" => r.as_str())),
             late: metrics::counter!(FIXES_LATE_TOTAL),
+            state_duplicates: metrics::counter!(DUPLICATES_IGNORED_TOTAL, "by" => "state"),
         }
     }
 }
@@ -138,7 +150,8 @@ enum Refusal {
         shard: usize,
         global: bool,
     },
-    Late,
+    /// Found by the state (late, or a duplicate): an admitted message.
+    Unapplied(Why),
 }
 
 fn unix_ms() -> i64 {
@@ -183,10 +196,10 @@ impl<C: Clock> Router<C> {
                     Some(batch) => batch,
                     None => break,
                 },
-                Some(late) = self.late.recv() => {
-                    self.refuse_late(late);
-                    while let Ok(late) = self.late.try_recv() {
-                        self.refuse_late(late);
+                Some(unapplied) = self.unapplied.recv() => {
+                    self.refuse_unapplied(unapplied);
+                    while let Ok(unapplied) = self.unapplied.try_recv() {
+                        self.refuse_unapplied(unapplied);
                     }
                     self.finish_refusals().await;
                     continue;
@@ -220,14 +233,14 @@ impl<C: Clock> Router<C> {
         }
         self.flush().await;
         // The workers end once their queues close, which dropping the
-        // inputs does; their last late fixes still reach the dead letter,
-        // until every sender has gone or the drain deadline passes.
+        // inputs does; their last unapplied fixes still reach the dead
+        // letter, until every sender has gone or the drain deadline passes.
         self.shards.clear();
         loop {
             tokio::select! {
-                late = self.late.recv() => match late {
-                    Some(late) => {
-                        self.refuse_late(late);
+                unapplied = self.unapplied.recv() => match unapplied {
+                    Some(unapplied) => {
+                        self.refuse_unapplied(unapplied);
                         self.finish_refusals().await;
                     }
                     None => break,
@@ -238,21 +251,28 @@ impl<C: Clock> Router<C> {
         self.dead_letter
     }
 
-    /// Queues a late fix's dead-letter record.
-    fn refuse_late(&mut self, late: LateFix) {
-        let record = DeadLetter::new(
-            unix_ms(),
-            &late.topic,
-            "late",
-            format!(
-                "fix of {} at {} ms is {:.3} s older than its vehicle's last applied fix, after the reorder window (pipeline.reorder_window_ms): no transition; reprocess it from here if it matters",
-                late.vehicle,
-                late.fix_ms,
-                late.by_ms as f64 / 1000.0
+    /// Queues the dead-letter record of a fix the state did not apply.
+    fn refuse_unapplied(&mut self, u: Unapplied) {
+        let (reason, detail) = match u.why {
+            Why::Late { by_ms } => (
+                "late",
+                format!(
+                    "fix of {} at {} ms is {:.3} s older than its vehicle's last applied fix, after the reorder window (pipeline.reorder_window_ms): no transition; reprocess it from here if it matters",
+                    u.vehicle,
+                    u.fix_ms,
+                    by_ms as f64 / 1000.0
+                ),
             ),
-            &late.payload,
-        );
-        self.refuse(Refusal::Late, record, late.token);
+            Why::Duplicate => (
+                "duplicate",
+                format!(
+                    "fix of {} at {} ms was applied already: the vehicle's state holds this message, or it is older than the last applied fix and the broker marked it redelivered (applied before a crash; if it never was, it is late: reprocess it from here)",
+                    u.vehicle, u.fix_ms
+                ),
+            ),
+        };
+        let record = DeadLetter::new(unix_ms(), &u.topic, reason, detail, &u.payload);
+        self.refuse(Refusal::Unapplied(u.why), record, u.token);
     }
 
     /// Hands every shard's burst to its worker, then finishes the
@@ -302,9 +322,9 @@ impl<C: Clock> Router<C> {
                 // broker redelivers them after the restart.
                 self.dead_letter.discard_unwritten();
                 for r in self.refused.drain(..) {
-                    // A late fix was admitted, so it already counts as in
-                    // queue until finished.
-                    if !matches!(r.refusal, Refusal::Late) {
+                    // An unapplied fix was admitted, so it already counts
+                    // as in queue until finished.
+                    if !matches!(r.refusal, Refusal::Unapplied(_)) {
                         self.accounting.abandoned();
                     }
                 }
@@ -340,10 +360,16 @@ impl<C: Clock> Router<C> {
                 }
                 SHED
             }
-            Refusal::Late => {
+            Refusal::Unapplied(Why::Late { .. }) => {
                 self.accounting.late();
                 self.counters.late.increment(1);
                 LATE
+            }
+            Refusal::Unapplied(Why::Duplicate) => {
+                self.accounting.state_duplicate();
+                self.counters.state_duplicates.increment(1);
+                self.counters.invalid[Reason::Duplicate.index()].increment(1);
+                Reason::Duplicate.index()
             }
         };
         self.counters.written[written].increment(1);
@@ -585,7 +611,7 @@ mod tests {
             drain: Drain::never(),
             refused: Vec::new(),
             counters: RefusalCounters::new(),
-            late: mpsc::unbounded_channel().1,
+            unapplied: mpsc::unbounded_channel().1,
         };
         if records.len() != steps.len() {
             return Err(format!("{} records, {} steps", records.len(), steps.len()));

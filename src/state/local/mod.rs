@@ -90,16 +90,32 @@ impl LocalBackend {
             ),
         });
         let (restored, pruned) = prune_to_fences(recovered.vehicles, &ctx.fences);
-        if durable && !pruned.is_empty() {
-            // Written before anything runs: the store must hold what this
-            // process holds, or a reload that brings a fence back, then a
-            // crash, would bring its memberships back too.
+        let (restored, down_ms) = resume_receive_clock(restored, crate::clock::receive_now_ms());
+        // Written before anything runs: the store must hold what this
+        // process holds, or a reload that brings a fence back, then a
+        // crash, would bring its memberships back too; and a later restart
+        // must not count this outage as idleness again (it measures its
+        // own from the newest receive time it finds).
+        let changes = if down_ms > 0 {
+            restored
+                .iter()
+                .map(|(id, s)| {
+                    let mut bytes = Vec::with_capacity(32);
+                    record::encode(s, &mut bytes);
+                    (id.clone(), Some(bytes))
+                })
+                .collect()
+        } else {
+            pruned
+        };
+        if durable && !changes.is_empty() {
             tracing::info!(
-                vehicles = pruned.len(),
-                "state: dropped memberships of fences no longer in the fence set"
+                vehicles = changes.len(),
+                down_s = down_ms / 1000,
+                "state: restored vehicles written back (fences no longer in the set dropped, the outage added to their receive times)"
             );
             store.commit(&CommitBatch {
-                vehicles: pruned,
+                vehicles: changes,
                 outbox: Vec::new(),
                 next_seq: recovered.next_seq,
                 file_cursor: cursors.file.load(Relaxed),
@@ -157,7 +173,7 @@ impl LocalBackend {
             durable,
             settings: ctx.settings,
             per_fence_labels: ctx.per_fence_labels,
-            restored: resume_receive_clock(restored, crate::clock::receive_now_ms()),
+            restored,
             committer,
             relay,
             publisher,
@@ -191,17 +207,24 @@ fn prune_to_fences(
 /// does not expire the fleet at the restart. The store does not record
 /// when it stopped; the last time any vehicle was heard from stands in
 /// for it. A record from before receive times were kept counts as heard
-/// from now.
+/// from now. Returns the vehicles and the outage added (1 ms at least when
+/// a record had no receive time, so that it is written back).
 pub fn resume_receive_clock(
     mut vehicles: Vec<(VehicleId, VehicleSnapshot)>,
     now_ms: i64,
-) -> Vec<(VehicleId, VehicleSnapshot)> {
+) -> (Vec<(VehicleId, VehicleSnapshot)>, i64) {
     let stopped = vehicles
         .iter()
         .map(|(_, s)| s.last_heard_ms)
         .filter(|&t| t != record::HEARD_UNKNOWN)
         .max();
-    let down_ms = stopped.map_or(0, |t| now_ms.saturating_sub(t).max(0));
+    let mut down_ms = stopped.map_or(0, |t| now_ms.saturating_sub(t).max(0));
+    if vehicles
+        .iter()
+        .any(|(_, s)| s.last_heard_ms == record::HEARD_UNKNOWN)
+    {
+        down_ms = down_ms.max(1);
+    }
     for (_, s) in &mut vehicles {
         s.last_heard_ms = if s.last_heard_ms == record::HEARD_UNKNOWN {
             now_ms
@@ -212,7 +235,7 @@ pub fn resume_receive_clock(
             held.received_ms = held.received_ms.saturating_add(down_ms);
         }
     }
-    vehicles
+    (vehicles, down_ms)
 }
 
 impl Backend for LocalBackend {

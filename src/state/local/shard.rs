@@ -90,7 +90,7 @@ impl LocalShard {
                 FixOutcome::Applied => outcomes.evaluated += 1,
                 FixOutcome::Held => outcomes.held += 1,
                 FixOutcome::Late { by_ms } => outcomes.late.push(Late { index: i, by_ms }),
-                FixOutcome::Duplicate => outcomes.duplicates += 1,
+                FixOutcome::Duplicate => outcomes.duplicates.push(i),
             }
         }
         if let Some(watermark) = watermark {

@@ -22,7 +22,7 @@ use std::time::Instant;
 pub struct BatchCounts {
     pub evaluated: u64,
     pub late: Vec<Late>,
-    pub duplicates: u64,
+    pub duplicates: Vec<usize>,
     pub overflows: u64,
     pub enters: u64,
     pub exits: u64,
@@ -134,7 +134,7 @@ impl SharedApplier {
                                     index: fix.index,
                                     by_ms,
                                 }),
-                                FixOutcome::Duplicate => counts.duplicates += 1,
+                                FixOutcome::Duplicate => counts.duplicates.push(fix.index),
                             }
                         }
                     }
