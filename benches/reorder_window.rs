@@ -40,31 +40,22 @@ const WINDOWS_MS: [i64; 9] = [
 
 /// The box around every fence.
 fn area(index: &FenceIndex) -> geo::Rect<f64> {
-    let corners: Vec<(geo::Coord<f64>, geo::Coord<f64>)> = index
+    let mut min = geo::Coord {
+        x: f64::MAX,
+        y: f64::MAX,
+    };
+    let mut max = geo::Coord {
+        x: f64::MIN,
+        y: f64::MIN,
+    };
+    for (a, b) in index
         .fences()
         .iter()
         .flat_map(|f| f.parts.iter().flat_map(|p| p.envelopes()))
-        .collect();
-    let min = corners.iter().fold(
-        geo::Coord {
-            x: f64::MAX,
-            y: f64::MAX,
-        },
-        |m, (a, _)| geo::Coord {
-            x: m.x.min(a.x),
-            y: m.y.min(a.y),
-        },
-    );
-    let max = corners.iter().fold(
-        geo::Coord {
-            x: f64::MIN,
-            y: f64::MIN,
-        },
-        |m, (_, b)| geo::Coord {
-            x: m.x.max(b.x),
-            y: m.y.max(b.y),
-        },
-    );
+    {
+        (min.x, min.y) = (min.x.min(a.x), min.y.min(a.y));
+        (max.x, max.y) = (max.x.max(b.x), max.y.max(b.y));
+    }
     geo::Rect::new(min, max)
 }
 

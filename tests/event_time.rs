@@ -23,17 +23,10 @@ fn now_ms() -> i64 {
 type Key = (String, String, String, i64);
 
 fn keys(events: &[serde_json::Value]) -> BTreeMap<Key, usize> {
-    let mut set = BTreeMap::new();
-    for e in events {
-        let key = (
-            e["vehicle"].as_str().unwrap_or("").to_owned(),
-            e["fence"].as_str().unwrap_or("").to_owned(),
-            e["event"].as_str().unwrap_or("").to_owned(),
-            e["ts"].as_i64().unwrap_or(0),
-        );
-        *set.entry(key).or_default() += 1;
-    }
-    set
+    support::fleet::multiset(events)
+        .into_iter()
+        .map(|(key, ids)| (key, ids.len()))
+        .collect()
 }
 
 /// One fix of the coverage fleet: (vehicle, fix time, lon).

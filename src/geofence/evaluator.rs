@@ -493,17 +493,17 @@ impl Evaluator {
                 by_ms: state.last_fix_ms - fix.fix_ms,
             };
         }
+        let held = HeldFix {
+            fix_ms: fix.fix_ms,
+            lat: fix.lat,
+            lon: fix.lon,
+            received_ms: fix.received_ms,
+            digest: fix.digest,
+        };
         if self.settings.reorder_window_ms <= 0 && state.window.is_empty() {
             if batch_position.is_some() {
                 self.read_from_batch += 1;
             }
-            let held = HeldFix {
-                fix_ms: fix.fix_ms,
-                lat: fix.lat,
-                lon: fix.lon,
-                received_ms: fix.received_ms,
-                digest: fix.digest,
-            };
             apply(
                 &self.index,
                 &self.settings,
@@ -517,13 +517,6 @@ impl Evaluator {
             );
             return FixOutcome::Applied;
         }
-        let held = HeldFix {
-            fix_ms: fix.fix_ms,
-            lat: fix.lat,
-            lon: fix.lon,
-            received_ms: fix.received_ms,
-            digest: fix.digest,
-        };
         // Equal times keep arrival order.
         state.window.insert(at, held);
         self.stats.held += 1;
