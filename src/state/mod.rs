@@ -2,7 +2,7 @@
 //! implement it.
 //!
 //! A shard worker hands its [`ShardState`] one [`Batch`] at a time: the
-//! fixes it admitted, a fence set that changed, the clock's tick. The
+//! fixes it admitted, a fence set that changed, the event-time watermark. The
 //! backend applies the membership rules to it, keeps what changed, and,
 //! once the batch's effects are durable and its transitions delivered as
 //! promised, tells the batch's [`Completion`] what it came to. Only then

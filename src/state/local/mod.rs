@@ -313,7 +313,7 @@ mod tests {
 
     /// Through the seam, on the memory store: a batch's completion hears
     /// what it came to only once the events file holds its transitions; a
-    /// fence set that changes applies from its batch on; a tick alone
+    /// fence set that changes applies from its batch on; a watermark alone
     /// completes with nothing.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_batch_completes_once_its_transitions_are_in_the_events_file() {
