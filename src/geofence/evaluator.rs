@@ -289,8 +289,6 @@ pub struct Evaluator {
     next_sweep_ms: i64,
     /// Scratch buffer for covering fences, reused across fixes.
     covering: Vec<FenceIdx>,
-    /// Scratch buffer for the fixes a window releases.
-    released: Vec<HeldFix>,
     /// The points of the batch given to [`Self::cover_batch`], and the
     /// fences covering each.
     batch_points: Vec<Coord<f64>>,
@@ -318,7 +316,6 @@ impl Evaluator {
             held: 0,
             next_sweep_ms: i64::MIN,
             covering: Vec::new(),
-            released: Vec::new(),
             batch_points: Vec::new(),
             batch_coverings: Coverings::default(),
             read_from_batch: 0,
@@ -538,21 +535,17 @@ impl Evaluator {
             let n = state.window.partition_point(|h| h.fix_ms <= first_arrived);
             self.stats.window_overflow += n as u64;
             self.held -= n;
-            self.released.clear();
-            self.released.extend(state.window.drain(..n));
-            for &h in &self.released {
-                apply(
-                    &self.index,
-                    &self.settings,
-                    &mut self.stats,
-                    fix.vehicle,
-                    state,
-                    h,
-                    None,
-                    &mut self.covering,
-                    out,
-                );
-            }
+            let (index, settings) = (&self.index, &self.settings);
+            release_front(
+                index,
+                settings,
+                &mut self.stats,
+                fix.vehicle,
+                state,
+                n,
+                &mut self.covering,
+                out,
+            );
         }
         FixOutcome::Held
     }
@@ -585,25 +578,21 @@ impl Evaluator {
                 continue;
             }
             self.held -= n;
-            self.released.clear();
-            self.released.extend(state.window.drain(..n));
             if self.track_changes && !state.changed {
                 state.changed = true;
                 self.changed.push(vehicle.clone());
             }
-            for &h in &self.released {
-                apply(
-                    &self.index,
-                    &self.settings,
-                    &mut self.stats,
-                    &vehicle,
-                    state,
-                    h,
-                    None,
-                    &mut self.covering,
-                    out,
-                );
-            }
+            let (index, settings) = (&self.index, &self.settings);
+            release_front(
+                index,
+                settings,
+                &mut self.stats,
+                &vehicle,
+                state,
+                n,
+                &mut self.covering,
+                out,
+            );
             released += n as u64;
         }
         released
@@ -779,6 +768,29 @@ impl Evaluator {
                 self.changed.push(id.clone());
             }
         }
+    }
+}
+
+/// Applies the first `n` fixes of the vehicle's window, in order, taking
+/// them out of it.
+#[allow(clippy::too_many_arguments)]
+fn release_front(
+    index: &FenceIndex,
+    settings: &EvaluatorSettings,
+    stats: &mut EvaluatorStats,
+    vehicle: &VehicleId,
+    state: &mut VehicleState,
+    n: usize,
+    scratch: &mut Vec<FenceIdx>,
+    out: &mut Vec<Transition>,
+) {
+    for _ in 0..n {
+        let Some(h) = state.window.pop_front() else {
+            return;
+        };
+        apply(
+            index, settings, stats, vehicle, state, h, None, scratch, out,
+        );
     }
 }
 
