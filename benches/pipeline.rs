@@ -21,6 +21,7 @@ use geogate::codec::{CodecSettings, Dedup, decode};
 use geogate::config::{FsyncPolicy, PipelineConfig, StateBackend, StateConfig};
 use geogate::geofence::{EvaluatorSettings, FenceIndex, load_fences};
 use geogate::pipeline::accounting::{Accounting, Balance};
+use geogate::pipeline::config::DEFAULT_REORDER_WINDOW_MS;
 #[cfg(target_os = "linux")]
 use geogate::pipeline::decode::Decoded;
 use geogate::pipeline::shard::completion::ShardCounters;
@@ -209,6 +210,7 @@ impl Pipeline {
         &self,
         state: &StateConfig,
         shards: usize,
+        settings: EvaluatorSettings,
         run: &RunContext,
     ) -> Box<dyn Backend> {
         geogate::state::backends::open(
@@ -216,7 +218,7 @@ impl Pipeline {
             OpenContext {
                 events: Some(self.events_path()),
                 events_connection: None,
-                settings: EvaluatorSettings::default(),
+                settings,
                 instance: "bench".to_owned(),
                 fence_fingerprint: watch::channel("bench".to_owned()).1,
                 fences: self.index.clone(),
@@ -393,7 +395,9 @@ impl Pipeline {
         run: &RunContext,
     ) {
         runtime.block_on(async {
-            let mut backend = self.backend(state, queues.len(), run).await;
+            let mut backend = self
+                .backend(state, queues.len(), EvaluatorSettings::default(), run)
+                .await;
             let workers: Vec<_> = queues
                 .into_iter()
                 .enumerate()
@@ -428,25 +432,116 @@ impl Pipeline {
         state: StateConfig,
         gating: Gating,
     ) -> (Balance, Phases) {
-        let started = Instant::now();
         // Checked after the run: a run that lost messages would only look
         // faster.
         let queued: usize = intake.iter().map(|lane| lane.len()).sum();
         let run = RunContext::new();
-        let mut backend = self.backend(&state, shards, &run).await;
+        let settings = EvaluatorSettings::default();
+        let phases = self
+            .route(intake, shards, state, gating, settings, &run)
+            .await;
+        let balance = run.accounting.balance();
+        assert!(
+            balance.balances() && balance.in_queue == 0 && balance.received == queued as u64,
+            "a run did not finish all {queued} messages it was given: {}",
+            balance.line()
+        );
+        (balance, phases)
+    }
+
+    /// A steady stream through the pipeline: `messages` native fixes from
+    /// `vehicles` vehicles in turn, each dated when it is handed to the
+    /// intake, pushed as fast as the pipeline takes them. Fix times then
+    /// advance with the pipeline's clock, so a reorder window releases
+    /// continuously (the bundled capture, queued before the clock starts,
+    /// is a burst: a window holds all of it or none). Returns the stream's
+    /// rate: messages over the time until the last was taken by its shard
+    /// (applied or held); the window's last release, after the stream has
+    /// ended, is not part of a stream that never ends.
+    async fn run_steady(
+        &self,
+        shards: usize,
+        state: StateConfig,
+        window_ms: i64,
+        messages: usize,
+        vehicles: usize,
+    ) -> f64 {
+        let lanes = PipelineConfig::default().decode_lane_count();
+        let (intake, lanes) = Intake::new(lanes, 4096);
+        let run = RunContext::new();
+        let settings = EvaluatorSettings {
+            reorder_window_ms: window_ms,
+            ..EvaluatorSettings::default()
+        };
+        let started = Instant::now();
+        let stream = SteadyStream::new(&self.index, vehicles);
+        let producer = tokio::spawn(async move {
+            for i in 0..messages {
+                let (topic, payload) = stream.message(i, geogate::clock::receive_now_ms());
+                let envelope = Envelope {
+                    token: None,
+                    topic,
+                    payload,
+                    received_at: Instant::now(),
+                    redelivered: false,
+                };
+                if intake.send(envelope).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let accounting = run.accounting.clone();
+        let taken = tokio::spawn(async move {
+            loop {
+                let b = accounting.balance();
+                if b.received == messages as u64 && b.in_queue == 0 {
+                    return Instant::now();
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        });
+        self.route(lanes, shards, state, Gating::AdmitAll, settings, &run)
+            .await;
+        producer.await.expect("producer");
+        let taken = taken.await.expect("taken");
+        let balance = run.accounting.balance();
+        assert!(
+            balance.balances()
+                && balance.in_queue == 0
+                && balance.evaluated + balance.held == messages as u64,
+            "a steady run did not take all {messages} messages: {}",
+            balance.line()
+        );
+        messages as f64 / (taken - started).as_secs_f64()
+    }
+
+    /// Opens the state, starts the workers, the decode lanes and the
+    /// router on `intake`, and runs until every worker has stopped and the
+    /// state is closed; returns where the time went.
+    async fn route(
+        &self,
+        intake: Vec<mpsc::Receiver<Envelope>>,
+        shards: usize,
+        state: StateConfig,
+        gating: Gating,
+        settings: EvaluatorSettings,
+        run: &RunContext,
+    ) -> Phases {
+        let started = Instant::now();
+        let mut backend = self.backend(&state, shards, settings, run).await;
         let capacity = PipelineConfig::default().queue_capacity;
         let mut inputs = Vec::new();
         let mut workers = Vec::new();
         for shard in 0..shards {
             let (tx, rx) = queue(capacity);
             inputs.push(Self::shard_input(shard, tx, capacity, gating));
-            workers.push(self.spawn_worker(backend.as_mut(), shard, rx, &run));
+            workers.push(self.spawn_worker(backend.as_mut(), shard, rx, run));
         }
         // Built before the lanes start, as `service::run` builds it: built
         // after, the lanes got a head start, decoding while the dead letter
         // was opened, which the live pipeline never gets
         // (docs/decisions/0011-dead-letter-start-and-writes.md).
-        let router = self.router(inputs, &run);
+        let router = self.router(inputs, run);
         let decoded = geogate::pipeline::decode::start(intake, CodecSettings::default());
         // Started as `service::run` starts it, on its own thread.
         let routing = Instant::now();
@@ -456,18 +551,106 @@ impl Pipeline {
         }
         let finishing = Instant::now();
         backend.finish().await;
-        let phases = Phases {
+        Phases {
             start: (routing - started).as_secs_f64(),
             route: (finishing - routing).as_secs_f64(),
             finish: finishing.elapsed().as_secs_f64(),
-        };
-        let balance = run.accounting.balance();
-        assert!(
-            balance.balances() && balance.in_queue == 0 && balance.received == queued as u64,
-            "a run did not finish all {queued} messages it was given: {}",
-            balance.line()
+        }
+    }
+}
+
+/// The steady stream's vehicles: `n` of them, spread north to south over
+/// the fences' area, each driving east across it and around, one step
+/// (a fortieth of the width) per lap of the fleet.
+struct SteadyStream {
+    ids: Vec<String>,
+    topics: Vec<String>,
+    lat: Vec<f64>,
+    west: f64,
+    width: f64,
+}
+
+impl SteadyStream {
+    fn new(index: &FenceIndex, n: usize) -> Self {
+        let (mut min, mut max) = ((f64::MAX, f64::MAX), (f64::MIN, f64::MIN));
+        for (a, b) in index
+            .fences()
+            .iter()
+            .flat_map(|f| f.parts.iter().flat_map(|p| p.envelopes()))
+        {
+            min = (min.0.min(a.x), min.1.min(a.y));
+            max = (max.0.max(b.x), max.1.max(b.y));
+        }
+        let ids: Vec<String> = (0..n).map(|v| format!("s{v}")).collect();
+        Self {
+            topics: ids
+                .iter()
+                .map(|id| format!("fleet/{id}/telemetry"))
+                .collect(),
+            ids,
+            lat: (0..n)
+                .map(|v| min.1 + (max.1 - min.1) * (v as f64 / n as f64))
+                .collect(),
+            west: min.0,
+            width: max.0 - min.0,
+        }
+    }
+
+    /// Message `i` (vehicle i mod n, on its lap), dated `now_ms`.
+    fn message(&self, i: usize, now_ms: i64) -> (String, Bytes) {
+        let n = self.ids.len();
+        let v = i % n;
+        let lon = self.west + ((i / n) as f64 * self.width / 40.0) % self.width;
+        let payload = format!(
+            r#"{{"vehicle":"{}","ts":{now_ms},"lat":{:.6},"lon":{lon:.6},"speed_kmh":40.0,"kind":"move"}}"#,
+            self.ids[v], self.lat[v]
         );
-        (balance, phases)
+        (self.topics[v].clone(), Bytes::from(payload))
+    }
+}
+
+/// The steady stream's rate with the reorder window at its default
+/// against none, per local backend, 2 shards: `rounds` rounds, each
+/// running both, the order swapped every other round. Prints each run and
+/// the median ratio with its range.
+fn steady(pipeline: &Pipeline, runtime: &tokio::runtime::Runtime, rounds: usize) {
+    const MESSAGES: usize = 3_000_000;
+    const VEHICLES: usize = 200_000;
+    let window = DEFAULT_REORDER_WINDOW_MS as i64;
+    for (name, backend) in [
+        ("memory", StateBackend::Memory),
+        ("embedded_flush", StateBackend::Embedded),
+    ] {
+        let (mut off, mut on) = (Vec::new(), Vec::new());
+        for round in 0..rounds {
+            let order = if round % 2 == 0 {
+                [0, window]
+            } else {
+                [window, 0]
+            };
+            for w in order {
+                let state = pipeline.state(backend, FsyncPolicy::Flush);
+                let rate = runtime.block_on(pipeline.run_steady(2, state, w, MESSAGES, VEHICLES));
+                println!("steady {name} round {round} window_ms {w}: {rate:.0} messages/s");
+                if w == 0 {
+                    off.push(rate)
+                } else {
+                    on.push(rate)
+                }
+            }
+        }
+        let mut ratios: Vec<f64> = on.iter().zip(&off).map(|(a, b)| a / b).collect();
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (m_off, m_on) = (median(&mut off), median(&mut on));
+        let m_ratio = median(&mut ratios);
+        println!(
+            "steady {name}: window 0 {m_off:.0}/s, window {window} ms {m_on:.0}/s; ratio per round: median {m_ratio:.3} [{:.3}–{:.3}]",
+            ratios[0],
+            ratios[ratios.len() - 1]
+        );
     }
 }
 
@@ -629,12 +812,23 @@ fn pipeline(c: &mut Criterion) {
     let pipeline = Pipeline {
         index,
         dir: tempfile::tempdir().expect("temp dir"),
-        redis: stages_rounds.is_none().then(LocalRedis::start).flatten(),
+        redis: (stages_rounds.is_none() && std::env::var_os("GEOGATE_STEADY").is_none())
+            .then(LocalRedis::start)
+            .flatten(),
     };
     let shared: Vec<(String, Bytes)> = payloads
         .iter()
         .map(|(t, p)| (t.clone(), Bytes::from(p.clone())))
         .collect();
+    if let Ok(rounds) = std::env::var("GEOGATE_STEADY") {
+        let rounds = rounds
+            .parse::<usize>()
+            .ok()
+            .filter(|&r| r > 0)
+            .expect("GEOGATE_STEADY: a number of rounds, at least 1");
+        steady(&pipeline, &runtime, rounds);
+        return;
+    }
     if let Some(rounds) = stages_rounds {
         let rounds = rounds
             .parse::<usize>()

@@ -767,7 +767,7 @@ fn changed_vehicles_are_listed_for_the_store_and_restore_faithfully() {
         idle_expiry_ms: 60_000,
         ..EvaluatorSettings::default()
     };
-    let mut ev = Evaluator::new(fences(), settings).tracking_changes();
+    let mut ev = Evaluator::new(fences(), settings).tracking_changes(1);
     let (v, w) = (VehicleId::from("v"), VehicleId::from("w"));
     let mut out = Vec::new();
     ev.evaluate(&v, 1_000, 0.5, 0.5, &mut out);
@@ -878,8 +878,8 @@ fn batch_covered_evaluation_matches_fix_by_fix() {
         idle_expiry_ms: 120_000,
         ..EvaluatorSettings::default()
     };
-    let mut one = Evaluator::new(idx.clone(), settings).tracking_changes();
-    let mut batched = Evaluator::new(idx, settings).tracking_changes();
+    let mut one = Evaluator::new(idx.clone(), settings).tracking_changes(1);
+    let mut batched = Evaluator::new(idx, settings).tracking_changes(1);
     let mut rng = SplitMix64::new(3);
     let vehicles: Vec<VehicleId> = (0..40).map(|v| VehicleId::from(format!("v{v}"))).collect();
     let mut at: Vec<Coord<f64>> = (0..40).map(|_| area.random_point(&mut rng)).collect();

@@ -124,7 +124,7 @@ async fn compare(
     let rules = SharedRules::new("t", 4, settings.max_memberships, 3_600_000);
     let widest = widest_band(index, &settings);
     let mut scratch = ProbeScratch::default();
-    let mut local = Evaluator::new(index.clone(), settings).tracking_changes();
+    let mut local = Evaluator::new(index.clone(), settings).tracking_changes(1);
     let mut local_out: Vec<Transition> = Vec::new();
     let mut local_outcomes = Vec::new();
     let mut shared_outcomes = vec![FixOutcome::Applied; case.fixes.len()];

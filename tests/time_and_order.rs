@@ -331,7 +331,7 @@ fn a_vehicle_with_held_fixes_is_not_expired() {
 #[test]
 fn what_restore_drops_is_written_back() {
     let v: VehicleId = "v".into();
-    let mut ev = Evaluator::new(index(), settings(0)).tracking_changes();
+    let mut ev = Evaluator::new(index(), settings(0)).tracking_changes(1);
     let mut out = Vec::new();
     ev.evaluate_fix(fix(&v, 0, 0, T0), &mut out);
     let mut changed = Vec::new();
@@ -343,7 +343,7 @@ fn what_restore_drops_is_written_back() {
 
     let without_a = FENCES.replace(r#""id":"A""#, r#""id":"Z""#);
     let reloaded = Arc::new(FenceIndex::new(parse_fences(&without_a).unwrap()));
-    let mut restarted = Evaluator::new(reloaded, settings(0)).tracking_changes();
+    let mut restarted = Evaluator::new(reloaded, settings(0)).tracking_changes(1);
     restarted.restore(v.clone(), &stored);
     assert!(restarted.has_changes());
     restarted.take_changed(&mut changed);

@@ -191,6 +191,21 @@ pub struct HeldFix {
     pub lon: f64,
     pub received_ms: i64,
     pub digest: u64,
+    /// Its key in a durable store's log of held fixes
+    /// ([`HeldChange`]); 0 when it is in no log.
+    pub key: u64,
+}
+
+/// One change to the held fixes, for a durable store: a fix entering a
+/// window is logged apart from its vehicle's record, and leaves the log
+/// when it is applied (in the same commit as the record it changes). A
+/// fix that only waits rewrites nothing, so a window costs one small
+/// append per fix, not a second write of a record that carries the whole
+/// window (docs/decisions/0021-held-fixes-log.md).
+#[derive(Debug, Clone, PartialEq)]
+pub enum HeldChange {
+    Held(VehicleId, HeldFix),
+    Left(u64),
 }
 
 #[derive(Debug, Default)]
@@ -302,6 +317,11 @@ pub struct Evaluator {
     /// Off unless a durable store needs `changed` (it costs a clone of
     /// the id per vehicle per batch).
     track_changes: bool,
+    /// Fixes that entered or left a window since the last
+    /// [`Self::take_held`] (tracked with `changed`).
+    held_log: Vec<HeldChange>,
+    /// The key the next held fix gets in the log.
+    next_held_key: u64,
 }
 
 impl Evaluator {
@@ -321,12 +341,18 @@ impl Evaluator {
             read_from_batch: 0,
             changed: Vec::new(),
             track_changes: false,
+            held_log: Vec::new(),
+            next_held_key: 1,
         }
     }
 
-    /// Lists changed vehicles for [`Self::take_changed`].
-    pub fn tracking_changes(mut self) -> Self {
+    /// Lists changed vehicles for [`Self::take_changed`], and held fixes
+    /// for [`Self::take_held`], numbering them from `first_held_key` (not
+    /// 0; keys no other shard's evaluator gives, nor any fix already
+    /// logged).
+    pub fn tracking_changes(mut self, first_held_key: u64) -> Self {
         self.track_changes = true;
+        self.next_held_key = first_held_key;
         self
     }
 
@@ -459,10 +485,14 @@ impl Evaluator {
             return FixOutcome::Duplicate;
         };
         state.last_heard_ms = state.last_heard_ms.max(fix.received_ms);
-        if self.track_changes && !state.changed {
-            state.changed = true;
-            self.changed.push(fix.vehicle.clone());
-        }
+        // Every outcome but a hold changes the record (a held fix is
+        // logged instead; the store takes its receive time from the log).
+        let mut changed = |state: &mut VehicleState| {
+            if self.track_changes && !state.changed {
+                state.changed = true;
+                self.changed.push(fix.vehicle.clone());
+            }
+        };
         let applied_before = (fix.fix_ms == state.last_fix_ms
             && state.last_digests.contains(&fix.digest))
             || (fix.redelivered && fix.fix_ms < state.last_fix_ms);
@@ -481,10 +511,12 @@ impl Evaluator {
             .take_while(|h| h.fix_ms == fix.fix_ms)
             .any(|h| h.digest == fix.digest);
         if applied_before || held_before {
+            changed(state);
             self.stats.duplicates += 1;
             return FixOutcome::Duplicate;
         }
         if fix.fix_ms < state.last_fix_ms {
+            changed(state);
             self.stats.late += 1;
             return FixOutcome::Late {
                 by_ms: state.last_fix_ms - fix.fix_ms,
@@ -496,8 +528,10 @@ impl Evaluator {
             lon: fix.lon,
             received_ms: fix.received_ms,
             digest: fix.digest,
+            key: 0,
         };
         if self.settings.reorder_window_ms <= 0 && state.window.is_empty() {
+            changed(state);
             if batch_position.is_some() {
                 self.read_from_batch += 1;
             }
@@ -514,6 +548,18 @@ impl Evaluator {
             );
             return FixOutcome::Applied;
         }
+        let held = if self.track_changes {
+            let held = HeldFix {
+                key: self.next_held_key,
+                ..held
+            };
+            self.next_held_key += 1;
+            self.held_log
+                .push(HeldChange::Held(fix.vehicle.clone(), held));
+            held
+        } else {
+            held
+        };
         // Equal times keep arrival order.
         state.window.insert(at, held);
         self.stats.held += 1;
@@ -535,6 +581,7 @@ impl Evaluator {
             let n = state.window.partition_point(|h| h.fix_ms <= first_arrived);
             self.stats.window_overflow += n as u64;
             self.held -= n;
+            changed(state);
             let (index, settings) = (&self.index, &self.settings);
             release_front(
                 index,
@@ -544,6 +591,7 @@ impl Evaluator {
                 state,
                 n,
                 &mut self.covering,
+                self.track_changes.then_some(&mut self.held_log),
                 out,
             );
         }
@@ -591,6 +639,7 @@ impl Evaluator {
                 state,
                 n,
                 &mut self.covering,
+                self.track_changes.then_some(&mut self.held_log),
                 out,
             );
             released += n as u64;
@@ -656,7 +705,9 @@ impl Evaluator {
     }
 
     /// Drains the vehicles changed since the last call into `out`, each
-    /// with its state now (`None`: expired, delete it).
+    /// with its state now (`None`: expired, delete it). The snapshots'
+    /// windows are empty: held fixes are in the held log
+    /// ([`Self::take_held`]).
     pub fn take_changed(&mut self, out: &mut Vec<(VehicleId, Option<VehicleSnapshot>)>) {
         for id in self.changed.drain(..) {
             let snapshot = self.vehicles.get_mut(&id).map(|s| {
@@ -675,11 +726,17 @@ impl Evaluator {
                         .iter()
                         .map(|&(f, since)| (self.index.fence(f).id.clone(), since))
                         .collect(),
-                    window: s.window.iter().copied().collect(),
+                    window: Vec::new(),
                 }
             });
             out.push((id, snapshot));
         }
+    }
+
+    /// Drains the fixes that entered or left a window since the last call
+    /// into `out`, in the order it happened.
+    pub fn take_held(&mut self, out: &mut Vec<HeldChange>) {
+        out.append(&mut self.held_log);
     }
 
     /// Puts back a vehicle's committed state (at start, from the store).
@@ -738,9 +795,9 @@ impl Evaluator {
     }
 
     /// Whether anything restored or changed is waiting for
-    /// [`Self::take_changed`].
+    /// [`Self::take_changed`] or [`Self::take_held`].
     pub fn has_changes(&self) -> bool {
-        !self.changed.is_empty()
+        !self.changed.is_empty() || !self.held_log.is_empty()
     }
 
     /// Swaps in a reloaded fence set. Memberships and pending dwells survive
@@ -772,7 +829,7 @@ impl Evaluator {
 }
 
 /// Applies the first `n` fixes of the vehicle's window, in order, taking
-/// them out of it.
+/// them out of it (and out of the held log, when one is kept).
 #[allow(clippy::too_many_arguments)]
 fn release_front(
     index: &FenceIndex,
@@ -782,12 +839,18 @@ fn release_front(
     state: &mut VehicleState,
     n: usize,
     scratch: &mut Vec<FenceIdx>,
+    mut held_log: Option<&mut Vec<HeldChange>>,
     out: &mut Vec<Transition>,
 ) {
     for _ in 0..n {
         let Some(h) = state.window.pop_front() else {
             return;
         };
+        if let Some(log) = held_log.as_deref_mut()
+            && h.key != 0
+        {
+            log.push(HeldChange::Left(h.key));
+        }
         apply(
             index, settings, stats, vehicle, state, h, None, scratch, out,
         );

@@ -22,8 +22,8 @@ pub mod ring;
 pub mod shape;
 
 pub use evaluator::{
-    Cause, Evaluator, EvaluatorSettings, EvaluatorStats, Fix, FixOutcome, HeldFix, Transition,
-    TransitionKind, VehicleSnapshot,
+    Cause, Evaluator, EvaluatorSettings, EvaluatorStats, Fix, FixOutcome, HeldChange, HeldFix,
+    Transition, TransitionKind, VehicleSnapshot,
 };
 pub use fences::{
     COORDINATE_NOISE_DEG, Fence, FenceDefect, FenceErrors, FenceSummary, LoadedFences, load_fences,

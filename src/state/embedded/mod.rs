@@ -19,9 +19,10 @@ pub use error::EmbeddedError;
 
 use super::StateError;
 use super::local::record;
-use super::local::store::{CommitBatch, Opened, Recovered, Store, read_tail};
+use super::local::store::{CommitBatch, Opened, Recovered, Store, read_tail, with_held};
 use crate::crash_point;
 use crate::delivery::outbox::OutboxEntry;
+use crate::geofence::HeldChange;
 use crate::model::VehicleId;
 use crate::sink::config::FsyncPolicy;
 use crate::state::StateConfig;
@@ -34,12 +35,18 @@ use rusqlite::{
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// Version 2 keeps the outbox a row per commit ([`outbox_rows`]); version
-/// 1 kept a row per entry, in a table `outbox` that opening moves over.
-const SCHEMA_VERSION: i64 = 2;
+/// Version 3 adds the log of held fixes (`held`), which an older geogate
+/// would not read: it refuses the file instead of dropping them. Version
+/// 2 keeps the outbox a row per commit ([`outbox_rows`]); version 1 kept
+/// a row per entry, in a table `outbox` that opening moves over.
+const SCHEMA_VERSION: i64 = 3;
 
+/// `held` is keyed by a number that rises with arrivals, within each
+/// shard's range: fixes are appended at the end of a range and mostly
+/// leave from its start, so its pages stay few and hot.
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS vehicle (id TEXT PRIMARY KEY, state BLOB NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS held (key INTEGER PRIMARY KEY, vehicle TEXT NOT NULL, fix BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS outbox_commit (last_seq INTEGER PRIMARY KEY, first_seq INTEGER NOT NULL, entries BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 ";
@@ -155,7 +162,7 @@ impl EmbeddedStore {
         }
         if config.reset {
             tx.execute_batch(
-                "DELETE FROM vehicle; DELETE FROM outbox_commit;
+                "DELETE FROM vehicle; DELETE FROM held; DELETE FROM outbox_commit;
                  UPDATE meta SET value = 1 WHERE key = 'next_seq';
                  UPDATE meta SET value = 0 WHERE key = 'mqtt_cursor';",
             )
@@ -207,6 +214,27 @@ impl EmbeddedStore {
         }
         drop(rows);
         drop(stmt);
+        let mut held = Vec::new();
+        let mut stmt = self
+            .conn
+            .prepare("SELECT key, vehicle, fix FROM held ORDER BY key")
+            .map_err(sql)?;
+        let mut rows = stmt.query([]).map_err(sql)?;
+        while let Some(row) = rows.next().map_err(sql)? {
+            let key = row.get::<_, i64>(0).map_err(sql)? as u64;
+            let id: String = row.get(1).map_err(sql)?;
+            let bytes: Vec<u8> = row.get(2).map_err(sql)?;
+            let fix =
+                record::decode_held(&bytes, key).map_err(|source| EmbeddedError::Corrupt {
+                    path: path.clone(),
+                    vehicle: id.clone(),
+                    source,
+                })?;
+            held.push((VehicleId::from(id), fix));
+        }
+        drop(rows);
+        drop(stmt);
+        let vehicles = with_held(vehicles, held);
         let mut stmt = self
             .conn
             .prepare("SELECT first_seq, last_seq, entries FROM outbox_commit ORDER BY last_seq")
@@ -256,6 +284,7 @@ impl EmbeddedStore {
                     None => delete.execute([&**id])?,
                 };
             }
+            write_held(&tx, &batch.held)?;
             append_outbox(&tx, &batch.outbox)?;
             crash_point::reached("commit.inside");
             let mut set = tx.prepare_cached("UPDATE meta SET value = ?2 WHERE key = ?1")?;
@@ -321,6 +350,86 @@ fn append_outbox(tx: &Transaction, entries: &[OutboxEntry]) -> rusqlite::Result<
 /// returns the version it found if that is newer (then nothing is
 /// written). With `reset`, a version 1 outbox is dropped unread, so that a
 /// damaged one cannot stand in the way of the reset meant to get past it.
+/// Applies the log's changes in order. A commit's puts and deletes come
+/// in runs (a batch's arrivals, then its releases), so each run is one
+/// statement per [`HELD_ROWS_PER_STATEMENT`] puts, and one per range of
+/// consecutive keys deleted (keys leave mostly in the order they came):
+/// the per-statement cost, not the table's, is most of a small row's.
+fn write_held(tx: &Transaction, held: &[HeldChange]) -> rusqlite::Result<()> {
+    let mut delete = tx.prepare_cached("DELETE FROM held WHERE key BETWEEN ?1 AND ?2")?;
+    let mut rest = held;
+    while let Some(first) = rest.first() {
+        let run = rest
+            .iter()
+            .position(|w| {
+                matches!(w, HeldChange::Held(..)) != matches!(first, HeldChange::Held(..))
+            })
+            .unwrap_or(rest.len());
+        let (this, next) = rest.split_at(run);
+        rest = next;
+        if matches!(first, HeldChange::Held(..)) {
+            put_held(tx, this)?;
+            continue;
+        }
+        let mut keys = this.iter().filter_map(|w| match w {
+            HeldChange::Left(key) => Some(*key as i64),
+            HeldChange::Held(..) => None,
+        });
+        let Some(mut from) = keys.next() else {
+            continue;
+        };
+        let mut to = from;
+        for key in keys {
+            if key != to + 1 {
+                delete.execute([from, to])?;
+                from = key;
+            }
+            to = key;
+        }
+        delete.execute([from, to])?;
+    }
+    Ok(())
+}
+
+/// Rows one insert statement of held fixes carries.
+const HELD_ROWS_PER_STATEMENT: usize = 64;
+
+fn put_held(tx: &Transaction, puts: &[HeldChange]) -> rusqlite::Result<()> {
+    let sql = |rows: usize| {
+        format!(
+            "INSERT OR REPLACE INTO held (key, vehicle, fix) VALUES {}",
+            vec!["(?, ?, ?)"; rows].join(", ")
+        )
+    };
+    let mut chunks = puts.chunks_exact(HELD_ROWS_PER_STATEMENT);
+    if chunks.len() > 0 {
+        let mut many = tx.prepare_cached(&sql(HELD_ROWS_PER_STATEMENT))?;
+        for chunk in &mut chunks {
+            bind_and_run(&mut many, chunk)?;
+        }
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut one = tx.prepare_cached(&sql(1))?;
+        for put in rest {
+            bind_and_run(&mut one, std::slice::from_ref(put))?;
+        }
+    }
+    Ok(())
+}
+
+/// Binds each put's key, vehicle and fix, in order, and runs the insert.
+fn bind_and_run(insert: &mut rusqlite::Statement<'_>, puts: &[HeldChange]) -> rusqlite::Result<()> {
+    for (i, write) in puts.iter().enumerate() {
+        if let HeldChange::Held(vehicle, fix) = write {
+            insert.raw_bind_parameter(3 * i + 1, fix.key as i64)?;
+            insert.raw_bind_parameter(3 * i + 2, &**vehicle)?;
+            insert.raw_bind_parameter(3 * i + 3, &record::encode_held(fix)[..])?;
+        }
+    }
+    insert.raw_execute().map(|_| ())
+}
+
 fn upgrade(tx: &Transaction, reset: bool) -> rusqlite::Result<i64> {
     if exists(tx, "table", "meta")? {
         let version: Option<i64> = tx
@@ -510,6 +619,117 @@ mod tests {
         );
     }
 
+    /// Held fixes live in a log beside the records: what was put and not
+    /// deleted comes back in its vehicle's window, in fix-time order, with
+    /// its key; a vehicle known only from the log comes back with nothing
+    /// applied; receive times take the log's newest into account.
+    #[test]
+    fn held_fixes_come_back_in_their_windows() {
+        use crate::geofence::{HeldFix, VehicleSnapshot};
+        let dir = tempfile::tempdir().unwrap();
+        let config = config(dir.path());
+        let held = |fix_ms, key| HeldFix {
+            fix_ms,
+            lat: 52.5,
+            lon: 13.4,
+            received_ms: 5_000 + key as i64,
+            digest: key,
+            key,
+        };
+        let put = |vehicle: &str, h: &HeldFix| HeldChange::Held(vehicle.into(), *h);
+        let mut van7 = Vec::new();
+        record::encode(
+            &VehicleSnapshot {
+                last_fix_ms: 1_000,
+                last_heard_ms: 1_000,
+                members: vec!["depot".into()],
+                ..Default::default()
+            },
+            &mut van7,
+        );
+        let (mut store, _) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
+        store
+            .commit(&CommitBatch {
+                vehicles: vec![("van7".into(), Some(van7))],
+                held: vec![
+                    put("van7", &held(3_000, 1)),
+                    put("van7", &held(2_000, 2)),
+                    put("van7", &held(4_000, 3)),
+                    put("van8", &held(2_500, 4)),
+                ],
+                next_seq: 1,
+                ..CommitBatch::default()
+            })
+            .unwrap();
+        store
+            .commit(&CommitBatch {
+                held: vec![HeldChange::Left(3)],
+                next_seq: 1,
+                ..CommitBatch::default()
+            })
+            .unwrap();
+        drop(store);
+        let (_, recovered) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
+        let mut vehicles = recovered.vehicles;
+        vehicles.sort_by(|a, b| a.0.cmp(&b.0));
+        let (id, van7) = &vehicles[0];
+        assert_eq!(&**id, "van7");
+        assert_eq!(van7.window, vec![held(2_000, 2), held(3_000, 1)]);
+        assert_eq!((van7.last_fix_ms, van7.last_heard_ms), (1_000, 5_002));
+        assert_eq!(&*van7.members[0], "depot");
+        let (id, van8) = &vehicles[1];
+        assert_eq!(&**id, "van8");
+        assert_eq!(van8.window, vec![held(2_500, 4)]);
+        assert_eq!((van8.last_fix_ms, van8.last_heard_ms), (i64::MIN, 5_004));
+        assert!(van8.members.is_empty());
+    }
+
+    /// Puts many at a time and deletes ranges of keys: exactly the keys
+    /// put and not deleted remain, whatever the runs look like.
+    #[test]
+    fn runs_of_puts_and_deletes_leave_exactly_the_rest() {
+        use crate::geofence::HeldFix;
+        let dir = tempfile::tempdir().unwrap();
+        let config = config(dir.path());
+        let put = |key: u64| {
+            let h = HeldFix {
+                fix_ms: key as i64,
+                lat: 0.0,
+                lon: 0.0,
+                received_ms: 0,
+                digest: key,
+                key,
+            };
+            HeldChange::Held("van7".into(), h)
+        };
+        let mut held: Vec<HeldChange> = (10..140).map(put).collect();
+        let deleted: Vec<u64> = (10..=20).chain([22]).chain(25..=30).chain([139]).collect();
+        held.extend(deleted[..12].iter().map(|&k| HeldChange::Left(k)));
+        held.push(put(200));
+        held.extend(deleted[12..].iter().map(|&k| HeldChange::Left(k)));
+        let (mut store, _) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
+        store
+            .commit(&CommitBatch {
+                held,
+                next_seq: 1,
+                ..CommitBatch::default()
+            })
+            .unwrap();
+        drop(store);
+        let (_, recovered) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
+        let keys: Vec<u64> = recovered.vehicles[0]
+            .1
+            .window
+            .iter()
+            .map(|h| h.key)
+            .collect();
+        let want: Vec<u64> = (10..140)
+            .chain([200])
+            .filter(|k| !deleted.contains(k))
+            .collect();
+        assert_eq!(keys, want);
+    }
+
     /// A commit's entries are one row; a confirmed run is pruned only as a
     /// whole, and what a row still holds below the cursors is skipped by
     /// the relay and the publisher, not lost or repeated.
@@ -547,17 +767,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let config = created_then_altered(
             dir.path(),
-            "UPDATE meta SET value = 3 WHERE key = 'schema'; DROP TABLE vehicle;",
+            &format!(
+                "UPDATE meta SET value = {} WHERE key = 'schema'; DROP TABLE vehicle;",
+                SCHEMA_VERSION + 1
+            ),
         );
         let refused = EmbeddedStore::open(&config.embedded.path, &config)
             .err()
             .unwrap();
+        let newer = SCHEMA_VERSION + 1;
         assert!(
-            matches!(refused, EmbeddedError::Newer { version: 3, .. }),
+            matches!(refused, EmbeddedError::Newer { version, .. } if version == newer),
             "{refused}"
         );
         assert!(
-            refused.to_string().contains("schema version 3"),
+            refused
+                .to_string()
+                .contains(&format!("schema version {newer}")),
             "{refused}"
         );
         let mut conn = Connection::open(&config.embedded.path).unwrap();

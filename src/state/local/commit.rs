@@ -14,7 +14,7 @@ use crate::crash_point;
 use crate::delivery::Cursors;
 use crate::delivery::outbox::OutboxEntry;
 use crate::delivery::relay::Committed;
-use crate::geofence::Transition;
+use crate::geofence::{HeldChange, Transition};
 use crate::model::VehicleId;
 use crate::shutdown::Drain;
 use crate::sink::metrics::{SINK_HEALTHY, SINK_WRITE_FAILURES_TOTAL};
@@ -99,6 +99,8 @@ impl LatestChanges {
 /// it is committed and in the events file.
 pub struct CommitRequest {
     pub vehicles: Vec<VehicleChange>,
+    /// Fixes that entered or left a window, in order.
+    pub held: Vec<HeldChange>,
     pub transitions: Vec<Transition>,
     pub outcomes: Outcomes,
     /// The batch's fixes: its messages, for the log.
@@ -166,6 +168,7 @@ impl Committer {
             let mut received = Vec::new();
             for request in waiting.drain(..) {
                 latest.add(&mut batch.vehicles, request.vehicles);
+                batch.held.extend(request.held);
                 for t in &request.transitions {
                     batch.outbox.push(OutboxEntry::new(self.next_seq, t));
                     self.next_seq += 1;

@@ -6,10 +6,12 @@
 //!
 //! * [`store`]: what a store commits and gives back at start;
 //! * [`record`]: a vehicle's state as the store's bytes;
+//! * [`held_keys`]: keys for the store's log of held fixes;
 //! * [`shard`]: one shard's evaluator behind the seam;
 //! * [`commit`]: the one thread that commits every shard's batches.
 
 pub mod commit;
+pub mod held_keys;
 pub mod record;
 pub mod shard;
 pub mod store;
@@ -19,10 +21,11 @@ use crate::delivery::publisher::Publisher;
 use crate::delivery::relay::Relay;
 use crate::delivery::writer::EventsWriter;
 use crate::delivery::{Cursors, events_file};
-use crate::geofence::{Evaluator, EvaluatorSettings, FenceIndex, VehicleSnapshot};
+use crate::geofence::{Evaluator, EvaluatorSettings, FenceIndex, HeldChange, VehicleSnapshot};
 use crate::model::VehicleId;
 use crate::state::StateConfig;
 use commit::{CommitRequest, Committer, MAX_BATCHES_PER_COMMIT};
+use held_keys::HeldKeys;
 use shard::LocalShard;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -39,6 +42,8 @@ pub struct LocalBackend {
     per_fence_labels: bool,
     /// Committed vehicle state, until the pipeline takes it.
     restored: Vec<(VehicleId, VehicleSnapshot)>,
+    /// Where each shard's keys for held fixes go on.
+    held_keys: HeldKeys,
     committer: JoinHandle<()>,
     relay: JoinHandle<()>,
     publisher: Option<JoinHandle<()>>,
@@ -89,33 +94,44 @@ impl LocalBackend {
                 }),
             ),
         });
-        let (restored, pruned) = prune_to_fences(recovered.vehicles, &ctx.fences);
-        let (restored, down_ms) = resume_receive_clock(restored, crate::clock::receive_now_ms());
+        let (restored, mut changes) = prune_to_fences(recovered.vehicles, &ctx.fences);
+        let (mut restored, down_ms) =
+            resume_receive_clock(restored, crate::clock::receive_now_ms());
+        let mut held_keys = HeldKeys::after(&restored);
+        let moved = held_keys.key_unlogged(&mut restored);
         // Written before anything runs: the store must hold what this
         // process holds, or a reload that brings a fence back, then a
-        // crash, would bring its memberships back too; and a later restart
+        // crash, would bring its memberships back too; a later restart
         // must not count this outage as idleness again (it measures its
-        // own from the newest receive time it finds).
-        let changes = if down_ms > 0 {
-            restored
-                .iter()
-                .map(|(id, s)| {
-                    let mut bytes = Vec::with_capacity(32);
-                    record::encode(s, &mut bytes);
-                    (id.clone(), Some(bytes))
-                })
-                .collect()
+        // own from the newest receive time it finds); and a window read
+        // from a record moves to the log, or the record's next write would
+        // drop it.
+        let mut held = Vec::new();
+        let rewritten: Vec<usize> = if down_ms > 0 {
+            (0..restored.len()).collect()
         } else {
-            pruned
+            moved
         };
-        if durable && !changes.is_empty() {
+        if down_ms > 0 {
+            changes.clear();
+        }
+        for &i in &rewritten {
+            let (id, s) = &restored[i];
+            if down_ms > 0 || !changes.iter().any(|(changed, _)| changed == id) {
+                changes.push((id.clone(), Some(record_bytes(s))));
+            }
+            held.extend(s.window.iter().map(|h| HeldChange::Held(id.clone(), *h)));
+        }
+        if durable && !(changes.is_empty() && held.is_empty()) {
             tracing::info!(
                 vehicles = changes.len(),
+                held = held.len(),
                 down_s = down_ms / 1000,
-                "state: restored vehicles written back (fences no longer in the set dropped, the outage added to their receive times)"
+                "state: restored vehicles written back (fences no longer in the set dropped, the outage added to their receive times, held fixes in the log)"
             );
             store.commit(&CommitBatch {
                 vehicles: changes,
+                held,
                 outbox: Vec::new(),
                 next_seq: recovered.next_seq,
                 file_cursor: cursors.file.load(Relaxed),
@@ -174,11 +190,23 @@ impl LocalBackend {
             settings: ctx.settings,
             per_fence_labels: ctx.per_fence_labels,
             restored,
+            held_keys,
             committer,
             relay,
             publisher,
         })
     }
+}
+
+/// A restored vehicle's record: its held fixes go in the log, not in it.
+fn record_bytes(s: &VehicleSnapshot) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(32);
+    let applied = VehicleSnapshot {
+        window: Vec::new(),
+        ..s.clone()
+    };
+    record::encode(&applied, &mut bytes);
+    bytes
 }
 
 /// Drops the restored memberships and pending dwells of fences no longer
@@ -194,9 +222,7 @@ fn prune_to_fences(
         s.members.retain(|f| fences.find(f).is_some());
         s.pending.retain(|(f, _)| fences.find(f).is_some());
         if (s.members.len(), s.pending.len()) != before {
-            let mut bytes = Vec::with_capacity(32);
-            record::encode(s, &mut bytes);
-            changed.push((id.clone(), Some(bytes)));
+            changed.push((id.clone(), Some(record_bytes(s))));
         }
     }
     (vehicles, changed)
@@ -251,7 +277,7 @@ impl Backend for LocalBackend {
     ) -> Box<dyn ShardState> {
         let mut evaluator = Evaluator::new(index, self.settings);
         if self.durable {
-            evaluator = evaluator.tracking_changes();
+            evaluator = evaluator.tracking_changes(self.held_keys.first_of_shard(shard));
         }
         for (vehicle, snapshot) in restored {
             evaluator.restore(vehicle, &snapshot);

@@ -8,8 +8,13 @@
 //! LE), varint digest count, each digest as u64 LE, varint member count,
 //! each member as varint length + UTF-8 id, varint pending count, each
 //! pending dwell as varint length + UTF-8 id + first fix time (i64 LE),
-//! varint window count, each held fix as fix time, lat, lon, received time
-//! and digest (8 bytes LE each).
+//! varint window count, each held fix as [`encode_held`] writes it.
+//!
+//! The window is written empty: a durable store keeps held fixes in a log
+//! of their own, one row per fix ([`crate::geofence::HeldChange`]), so
+//! that a fix that only waits does not rewrite its vehicle's record. A
+//! record written before that keeps its window; the backend moves it to
+//! the log at start.
 //!
 //! Version 1 (no receive time, digests or window) is still read: its
 //! vehicle was last heard from when the store was last written, which
@@ -54,12 +59,48 @@ pub fn encode(snapshot: &VehicleSnapshot, out: &mut Vec<u8>) {
     }
     put_varint(out, snapshot.window.len() as u64);
     for h in &snapshot.window {
-        out.extend_from_slice(&h.fix_ms.to_le_bytes());
-        out.extend_from_slice(&h.lat.to_le_bytes());
-        out.extend_from_slice(&h.lon.to_le_bytes());
-        out.extend_from_slice(&h.received_ms.to_le_bytes());
-        out.extend_from_slice(&h.digest.to_le_bytes());
+        out.extend_from_slice(&encode_held(h));
     }
+}
+
+/// A held fix as bytes: fix time, lat, lon, received time and digest, 8
+/// bytes LE each. Its log key is not part of it.
+pub fn encode_held(h: &HeldFix) -> [u8; 40] {
+    let mut out = [0; 40];
+    for (i, field) in [
+        h.fix_ms.to_le_bytes(),
+        h.lat.to_le_bytes(),
+        h.lon.to_le_bytes(),
+        h.received_ms.to_le_bytes(),
+        h.digest.to_le_bytes(),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        out[8 * i..8 * i + 8].copy_from_slice(&field);
+    }
+    out
+}
+
+/// Reads what [`encode_held`] wrote, under log key `key`.
+pub fn decode_held(bytes: &[u8], key: u64) -> Result<HeldFix, RecordError> {
+    let mut r = Reader { bytes, at: 0 };
+    let held = read_held(&mut r, key)?;
+    if r.at != bytes.len() {
+        return Err(RecordError::Trailing(bytes.len() - r.at));
+    }
+    Ok(held)
+}
+
+fn read_held(r: &mut Reader<'_>, key: u64) -> Result<HeldFix, RecordError> {
+    Ok(HeldFix {
+        fix_ms: r.i64()?,
+        lat: f64::from_bits(r.u64()?),
+        lon: f64::from_bits(r.u64()?),
+        received_ms: r.i64()?,
+        digest: r.u64()?,
+        key,
+    })
 }
 
 pub fn decode(bytes: &[u8]) -> Result<VehicleSnapshot, RecordError> {
@@ -83,16 +124,9 @@ pub fn decode(bytes: &[u8]) -> Result<VehicleSnapshot, RecordError> {
         .map(|_| Ok((r.str()?, r.i64()?)))
         .collect::<Result<_, _>>()?;
     if version >= 2 {
+        // In no log yet: key 0.
         snapshot.window = (0..r.count()?)
-            .map(|_| {
-                Ok(HeldFix {
-                    fix_ms: r.i64()?,
-                    lat: f64::from_bits(r.u64()?),
-                    lon: f64::from_bits(r.u64()?),
-                    received_ms: r.i64()?,
-                    digest: r.u64()?,
-                })
-            })
+            .map(|_| read_held(&mut r, 0))
             .collect::<Result<_, _>>()?;
     }
     if r.at != bytes.len() {
@@ -227,6 +261,7 @@ mod tests {
                                 lon,
                                 received_ms,
                                 digest,
+                                key: 0,
                             })
                             .collect(),
                     }
@@ -240,6 +275,15 @@ mod tests {
             let mut bytes = Vec::new();
             encode(&s, &mut bytes);
             prop_assert_eq!(decode(&bytes), Ok(s));
+        }
+
+        #[test]
+        fn a_held_fix_round_trips_under_its_key(s in snapshot(), key in 1..u64::MAX) {
+            for h in &s.window {
+                let bytes = encode_held(h);
+                prop_assert_eq!(decode_held(&bytes, key), Ok(HeldFix { key, ..*h }));
+                prop_assert!(decode_held(&bytes[..bytes.len() - 1], key).is_err());
+            }
         }
 
         #[test]

@@ -5,7 +5,9 @@
 use super::commit::CommitRequest;
 use super::record;
 use super::store::VehicleChange;
-use crate::geofence::{Evaluator, Fix, FixOutcome, Transition, TransitionKind, VehicleSnapshot};
+use crate::geofence::{
+    Evaluator, Fix, FixOutcome, HeldChange, Transition, TransitionKind, VehicleSnapshot,
+};
 use crate::model::VehicleId;
 use crate::sampling::SAMPLE_EVERY;
 use crate::state::metrics::{
@@ -151,6 +153,16 @@ impl LocalShard {
         }))
     }
 
+    /// The fixes that entered or left a window in the batch, for a
+    /// durable store (none for the memory store).
+    fn held_changes(&mut self) -> Vec<HeldChange> {
+        let mut held = Vec::new();
+        if self.durable {
+            self.evaluator.take_held(&mut held);
+        }
+        held
+    }
+
     /// The vehicles the batch changed, encoded for a durable store (none
     /// for the memory store, which keeps nothing).
     fn changed_records(&mut self) -> Vec<VehicleChange> {
@@ -197,6 +209,7 @@ impl ShardState for LocalShard {
             }
             let request = CommitRequest {
                 vehicles: self.changed_records(),
+                held: self.held_changes(),
                 transitions,
                 outcomes,
                 fixes,

@@ -4,9 +4,10 @@
 
 use crate::delivery::events_file::{self, Tail};
 use crate::delivery::outbox::OutboxEntry;
-use crate::geofence::VehicleSnapshot;
+use crate::geofence::{HeldChange, HeldFix, VehicleSnapshot};
 use crate::model::VehicleId;
 use crate::state::StateError;
+use std::collections::HashMap;
 use std::path::Path;
 
 /// One vehicle's new state, encoded by [`super::record::encode`]; `None`
@@ -17,6 +18,9 @@ pub type VehicleChange = (VehicleId, Option<Vec<u8>>);
 #[derive(Debug, Default)]
 pub struct CommitBatch {
     pub vehicles: Vec<VehicleChange>,
+    /// The log of held fixes' changes, applied in order after the vehicle
+    /// records.
+    pub held: Vec<HeldChange>,
     pub outbox: Vec<OutboxEntry>,
     /// The seq the next transition will get.
     pub next_seq: u64,
@@ -39,6 +43,7 @@ impl CommitBatch {
 /// Everything committed, read back at start.
 #[derive(Debug, Default)]
 pub struct Recovered {
+    /// Each with its held fixes in its window ([`with_held`]).
     pub vehicles: Vec<(VehicleId, VehicleSnapshot)>,
     /// Committed transitions, in seq order, from the first row the relay
     /// and the publisher had not both confirmed: a row may still hold
@@ -48,6 +53,46 @@ pub struct Recovered {
     pub mqtt_cursor: u64,
     /// The store was created by this start (first run or reset).
     pub created: bool,
+}
+
+/// Puts each held fix from the log into its vehicle's window, in
+/// fix-time order and arrival order among equals (receive time, then key:
+/// keys rise with arrivals within a shard). A vehicle with held fixes and
+/// no record (its first fixes were still waiting) starts with none
+/// applied. Its receive time is the newest of its record's and its held
+/// fixes', since a held fix does not rewrite the record.
+pub fn with_held(
+    mut vehicles: Vec<(VehicleId, VehicleSnapshot)>,
+    held: Vec<(VehicleId, HeldFix)>,
+) -> Vec<(VehicleId, VehicleSnapshot)> {
+    if held.is_empty() {
+        return vehicles;
+    }
+    let mut at: HashMap<VehicleId, usize> = vehicles
+        .iter()
+        .enumerate()
+        .map(|(i, (id, _))| (id.clone(), i))
+        .collect();
+    for (vehicle, fix) in held {
+        let i = *at.entry(vehicle.clone()).or_insert_with(|| {
+            vehicles.push((
+                vehicle,
+                VehicleSnapshot {
+                    last_fix_ms: i64::MIN,
+                    last_heard_ms: fix.received_ms,
+                    ..VehicleSnapshot::default()
+                },
+            ));
+            vehicles.len() - 1
+        });
+        let s = &mut vehicles[i].1;
+        s.last_heard_ms = s.last_heard_ms.max(fix.received_ms);
+        s.window.push(fix);
+    }
+    for (_, s) in &mut vehicles {
+        s.window.sort_by_key(|h| (h.fix_ms, h.received_ms, h.key));
+    }
+    vehicles
 }
 
 /// What the memory and embedded stores have in common.
