@@ -617,10 +617,15 @@ fn steady(pipeline: &Pipeline, runtime: &tokio::runtime::Runtime, rounds: usize)
     const MESSAGES: usize = 3_000_000;
     const VEHICLES: usize = 200_000;
     let window = DEFAULT_REORDER_WINDOW_MS as i64;
+    // `GEOGATE_STEADY_BACKEND=memory` (or `embedded_flush`): that one only.
+    let only = std::env::var("GEOGATE_STEADY_BACKEND").ok();
     for (name, backend) in [
         ("memory", StateBackend::Memory),
         ("embedded_flush", StateBackend::Embedded),
     ] {
+        if only.as_deref().is_some_and(|only| only != name) {
+            continue;
+        }
         let (mut off, mut on) = (Vec::new(), Vec::new());
         for round in 0..rounds {
             let order = if round % 2 == 0 {
