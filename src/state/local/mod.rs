@@ -432,4 +432,81 @@ mod tests {
         backend.finish().await;
         assert_eq!(lines().lines().count(), 1, "{}", lines());
     }
+
+    /// A record written before the held log kept its window inside it:
+    /// the start moves that window to the log, so the record's next write
+    /// cannot drop it, and a second start finds it once, in the log.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_window_kept_in_a_record_moves_to_the_held_log_at_start() {
+        use crate::geofence::HeldFix;
+        use crate::state::embedded::{self, EmbeddedStore};
+        use store::Store;
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = StateConfig {
+            backend: crate::state::StateBackend::Embedded,
+            ..StateConfig::default()
+        };
+        config.embedded.path = dir.path().join("state.sqlite");
+        let now = crate::clock::receive_now_ms();
+        let waiting = HeldFix {
+            fix_ms: now - 1_000,
+            lat: 50.005,
+            lon: 10.005,
+            received_ms: now,
+            digest: 9,
+            key: 0,
+        };
+        let old = VehicleSnapshot {
+            last_fix_ms: now - 2_000,
+            last_heard_ms: now,
+            window: vec![waiting],
+            ..VehicleSnapshot::default()
+        };
+        let mut bytes = Vec::new();
+        record::encode(&old, &mut bytes);
+        let (mut store, _) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
+        store
+            .commit(&CommitBatch::vehicles_only(vec![(
+                "v1".into(),
+                Some(bytes),
+            )]))
+            .unwrap();
+        drop(store);
+        let start = |config: &StateConfig| {
+            let ctx = OpenContext {
+                events: None,
+                events_connection: None,
+                settings: EvaluatorSettings {
+                    reorder_window_ms: 2_000,
+                    ..EvaluatorSettings::default()
+                },
+                instance: "test".into(),
+                fence_fingerprint: watch::channel(String::new()).1,
+                fences: index(NO_FENCES),
+                shards: 1,
+                per_fence_labels: false,
+                drain: Drain::never(),
+            };
+            let opened = embedded::open(config, None).unwrap();
+            Box::new(LocalBackend::start(opened, config, ctx).unwrap())
+        };
+        let mut backend = start(&config);
+        let restored = backend.take_restored();
+        let window = &restored[0].1.window;
+        assert_eq!(window.len(), 1);
+        assert_ne!(window[0].key, 0, "given a key in the log");
+        let key = window[0].key;
+        backend.finish().await;
+
+        let mut again = start(&config);
+        let restored = again.take_restored();
+        let window = &restored[0].1.window;
+        assert_eq!(window.len(), 1, "once, from the log: {window:?}");
+        assert_eq!(
+            (window[0].key, window[0].fix_ms, window[0].digest),
+            (key, waiting.fix_ms, waiting.digest)
+        );
+        assert_eq!(restored[0].1.last_fix_ms, old.last_fix_ms);
+        again.finish().await;
+    }
 }
