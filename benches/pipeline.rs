@@ -39,7 +39,7 @@ use metrics_exporter_prometheus::PrometheusBuilder;
 use std::hint::black_box;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
 /// The allocator the `geogate` binary uses, so the pipeline is measured
@@ -457,10 +457,12 @@ impl Pipeline {
     /// is a burst: a window holds all of it or none). Returns the stream's
     /// rate, whole and steady: messages over the time until the last was
     /// taken by its shard (applied or held), and the same past the first
-    /// `warm_up` taken (the first laps, while the vehicle map and a
-    /// window's due queue grow to the sizes they keep). The window's last
+    /// `warm_up.0` taken and `warm_up.1` (the first laps, while the vehicle
+    /// map and a window's due queue grow to the sizes they keep, and the
+    /// window's first span, in which nothing leaves it). The window's last
     /// release, after the stream has ended, is part of neither: a steady
-    /// stream does not end.
+    /// stream does not end, so the intake stays open until the last
+    /// message is taken (its close would release every window).
     async fn run_steady(
         &self,
         shards: usize,
@@ -468,7 +470,7 @@ impl Pipeline {
         window_ms: i64,
         messages: usize,
         vehicles: usize,
-        warm_up: usize,
+        warm_up: (usize, Duration),
     ) -> Rates {
         let lanes = PipelineConfig::default().decode_lane_count();
         let (intake, lanes) = Intake::new(lanes, 4096);
@@ -479,6 +481,7 @@ impl Pipeline {
         };
         let started = Instant::now();
         let stream = SteadyStream::new(&self.index, vehicles);
+        let (taken_all, until_taken) = tokio::sync::oneshot::channel::<()>();
         let producer = tokio::spawn(async move {
             for i in 0..messages {
                 let (topic, payload) = stream.message(i, geogate::clock::receive_now_ms());
@@ -493,6 +496,7 @@ impl Pipeline {
                     return;
                 }
             }
+            let _ = until_taken.await;
         });
         let accounting = run.accounting.clone();
         let taken = tokio::spawn(async move {
@@ -500,13 +504,14 @@ impl Pipeline {
             loop {
                 let b = accounting.balance();
                 let taken = b.received - b.in_queue;
-                if warm.is_none() && taken >= warm_up as u64 {
+                if warm.is_none() && taken >= warm_up.0 as u64 && started.elapsed() >= warm_up.1 {
                     warm = Some((Instant::now(), taken));
                 }
                 if b.received == messages as u64 && b.in_queue == 0 {
+                    let _ = taken_all.send(());
                     return (warm, Instant::now());
                 }
-                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                tokio::time::sleep(Duration::from_millis(1)).await;
             }
         });
         self.route(lanes, shards, state, Gating::AdmitAll, settings, &run)
@@ -636,12 +641,13 @@ impl SteadyStream {
 /// the median ratio with its range, past the warm-up and over the whole
 /// run.
 fn steady(pipeline: &Pipeline, runtime: &tokio::runtime::Runtime, rounds: usize) {
-    const MESSAGES: usize = 3_000_000;
+    const MESSAGES: usize = 6_000_000;
     const VEHICLES: usize = 200_000;
-    // Five laps of the fleet: past them every vehicle is in the map, and
-    // the window's due queue holds as many fixes as it keeps holding.
-    const WARM_UP: usize = 1_000_000;
     let window = DEFAULT_REORDER_WINDOW_MS as i64;
+    // Five laps of the fleet, and the window's span and a second more, in
+    // both runs: past them every vehicle is in the map, and the window
+    // releases as many fixes as it takes in.
+    let warm_up = (1_000_000, Duration::from_millis(window as u64 + 1_000));
     // `GEOGATE_STEADY_BACKEND=memory` (or `embedded_flush`): that one only.
     let only = std::env::var("GEOGATE_STEADY_BACKEND").ok();
     for (name, backend) in [
@@ -661,7 +667,7 @@ fn steady(pipeline: &Pipeline, runtime: &tokio::runtime::Runtime, rounds: usize)
             for w in order {
                 let state = pipeline.state(backend, FsyncPolicy::Flush);
                 let rates =
-                    runtime.block_on(pipeline.run_steady(2, state, w, MESSAGES, VEHICLES, WARM_UP));
+                    runtime.block_on(pipeline.run_steady(2, state, w, MESSAGES, VEHICLES, warm_up));
                 println!(
                     "steady {name} round {round} window_ms {w}: {:.0} messages/s past the warm-up, {:.0} over the whole run",
                     rates.steady, rates.whole

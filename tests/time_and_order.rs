@@ -4,8 +4,8 @@
 //! with expiry exits, and a restore that the store must hear about.
 
 use geogate::geofence::{
-    Cause, Evaluator, EvaluatorSettings, FenceIndex, Fix, FixOutcome, Transition, TransitionKind,
-    parse_fences,
+    Cause, Evaluator, EvaluatorSettings, FenceIndex, Fix, FixOutcome, HeldChange, Transition,
+    TransitionKind, parse_fences,
 };
 use geogate::model::VehicleId;
 use proptest::prelude::*;
@@ -362,4 +362,50 @@ fn what_restore_drops_is_written_back() {
         out.iter().map(|t| (&*t.fence, t.event)).collect::<Vec<_>>(),
         vec![("A", TransitionKind::Enter)]
     );
+}
+
+/// What a durable store hears of the window: a held fix is logged under
+/// its key and does not rewrite its vehicle's record; its duplicate logs
+/// nothing; when it is applied it leaves the log and the record is
+/// written (the two in one commit).
+#[test]
+fn a_held_fix_is_logged_not_recorded_until_it_is_applied() {
+    let v: VehicleId = "v".into();
+    let mut ev = Evaluator::new(index(), settings(2_000)).tracking_changes(100);
+    let mut out = Vec::new();
+    let (mut changed, mut held) = (Vec::new(), Vec::new());
+    assert_eq!(
+        ev.evaluate_fix(fix(&v, 0, 0, T0), &mut out),
+        FixOutcome::Held
+    );
+    assert_eq!(
+        ev.evaluate_fix(fix(&v, 0, 0, T0 + 10), &mut out),
+        FixOutcome::Duplicate
+    );
+    ev.take_held(&mut held);
+    ev.take_changed(&mut changed);
+    assert!(
+        matches!(held.as_slice(), [HeldChange::Held(id, h)] if *id == v && h.key == 100),
+        "{held:?}"
+    );
+    // The duplicate changed the receive time: the record is written.
+    assert_eq!(changed.len(), 1);
+    assert!(changed[0].1.as_ref().is_some_and(|s| s.window.is_empty()));
+
+    let mut ev = Evaluator::new(index(), settings(2_000)).tracking_changes(100);
+    ev.evaluate_fix(fix(&v, 0, 0, T0), &mut out);
+    ev.evaluate_fix(fix(&v, 1, 0, T0 + 1_000), &mut out);
+    held.clear();
+    changed.clear();
+    ev.take_held(&mut held);
+    ev.take_changed(&mut changed);
+    assert_eq!(held.len(), 2);
+    assert!(changed.is_empty(), "a hold rewrote a record: {changed:?}");
+    held.clear();
+    assert_eq!(ev.release_due(T0 + 2_000, &mut out), 1);
+    ev.take_held(&mut held);
+    ev.take_changed(&mut changed);
+    assert_eq!(held, vec![HeldChange::Left(100)]);
+    assert_eq!(changed.len(), 1, "the applied fix changed the record");
+    assert!(!ev.has_changes(), "everything was taken");
 }

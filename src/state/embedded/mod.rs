@@ -346,10 +346,6 @@ fn append_outbox(tx: &Transaction, entries: &[OutboxEntry]) -> rusqlite::Result<
     Ok(())
 }
 
-/// Brings the file to this version inside the opening transaction, and
-/// returns the version it found if that is newer (then nothing is
-/// written). With `reset`, a version 1 outbox is dropped unread, so that a
-/// damaged one cannot stand in the way of the reset meant to get past it.
 /// Applies the log's changes in order. A commit's puts and deletes come
 /// in runs (a batch's arrivals, then its releases), so each run is one
 /// statement per [`HELD_ROWS_PER_STATEMENT`] puts, and one per range of
@@ -421,15 +417,21 @@ fn put_held(tx: &Transaction, puts: &[HeldChange]) -> rusqlite::Result<()> {
 /// Binds each put's key, vehicle and fix, in order, and runs the insert.
 fn bind_and_run(insert: &mut rusqlite::Statement<'_>, puts: &[HeldChange]) -> rusqlite::Result<()> {
     for (i, write) in puts.iter().enumerate() {
-        if let HeldChange::Held(vehicle, fix) = write {
-            insert.raw_bind_parameter(3 * i + 1, fix.key as i64)?;
-            insert.raw_bind_parameter(3 * i + 2, &**vehicle)?;
-            insert.raw_bind_parameter(3 * i + 3, &record::encode_held(fix)[..])?;
-        }
+        // `write_held` hands over runs of puts only.
+        let HeldChange::Held(vehicle, fix) = write else {
+            unreachable!("a delete among the puts")
+        };
+        insert.raw_bind_parameter(3 * i + 1, fix.key as i64)?;
+        insert.raw_bind_parameter(3 * i + 2, &**vehicle)?;
+        insert.raw_bind_parameter(3 * i + 3, &record::encode_held(fix)[..])?;
     }
     insert.raw_execute().map(|_| ())
 }
 
+/// Brings the file to this version inside the opening transaction, and
+/// returns the version it found if that is newer (then nothing is
+/// written). With `reset`, a version 1 outbox is dropped unread, so that a
+/// damaged one cannot stand in the way of the reset meant to get past it.
 fn upgrade(tx: &Transaction, reset: bool) -> rusqlite::Result<i64> {
     if exists(tx, "table", "meta")? {
         let version: Option<i64> = tx
@@ -656,6 +658,15 @@ mod tests {
                     put("van7", &held(2_000, 2)),
                     put("van7", &held(4_000, 3)),
                     put("van8", &held(2_500, 4)),
+                    // Arrived after key 4 at the same fix time, though
+                    // received earlier (another decode lane): after it.
+                    put(
+                        "van8",
+                        &HeldFix {
+                            received_ms: 4_000,
+                            ..held(2_500, 5)
+                        },
+                    ),
                 ],
                 next_seq: 1,
                 ..CommitBatch::default()
@@ -679,7 +690,16 @@ mod tests {
         assert_eq!(&*van7.members[0], "depot");
         let (id, van8) = &vehicles[1];
         assert_eq!(&**id, "van8");
-        assert_eq!(van8.window, vec![held(2_500, 4)]);
+        assert_eq!(
+            van8.window,
+            vec![
+                held(2_500, 4),
+                HeldFix {
+                    received_ms: 4_000,
+                    ..held(2_500, 5)
+                }
+            ]
+        );
         assert_eq!((van8.last_fix_ms, van8.last_heard_ms), (i64::MIN, 5_004));
         assert!(van8.members.is_empty());
     }

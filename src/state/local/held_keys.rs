@@ -1,72 +1,53 @@
 //! Keys for a durable store's log of held fixes
-//! ([`crate::geofence::HeldChange`]). Each shard numbers fixes in a range
-//! of its own, so two shards never give the same key, and each appends at
-//! the end of its range, which keeps the log's pages few and hot. A range
-//! goes on from the highest key the store holds in it, across restarts
-//! and changes of the shard count.
+//! ([`crate::geofence::HeldChange`]). Within a vehicle, key order is
+//! arrival order, which decides among fixes of the same time: each shard
+//! numbers its arrivals in a range of its own (so shards never give the
+//! same key, and each appends at the end of its range, which keeps the
+//! log's pages few and hot), and at start every restored held fix is
+//! numbered again, in its window's order, in range 0, below every shard's
+//! range: it arrived before anything this process takes in. So a restart
+//! with another shard count, whose shards number in other ranges, keeps
+//! the order too.
 
-use crate::geofence::VehicleSnapshot;
+use crate::geofence::{HeldChange, VehicleSnapshot};
 use crate::model::VehicleId;
-use std::collections::HashMap;
 
 /// Bits of a key below its range: 2^47 fixes per range, and ranges up to
 /// 2^16 keep every key a positive i64 (SQLite's integer key).
 const RANGE_BITS: u32 = 47;
 
-/// The range of fixes moved into the log at start from records written
-/// before the log existed (their windows were in the record).
-const MOVED_AT_START: u64 = 0;
-
-/// The next key of each range.
-#[derive(Debug, Default)]
-pub struct HeldKeys {
-    next: HashMap<u64, u64>,
+/// The first key shard `shard` gives.
+pub fn first_of_shard(shard: usize) -> u64 {
+    ((shard as u64 + 1) << RANGE_BITS) | 1
 }
 
-impl HeldKeys {
-    /// Goes on after every key the restored windows hold.
-    pub fn after(vehicles: &[(VehicleId, VehicleSnapshot)]) -> Self {
-        let mut next: HashMap<u64, u64> = HashMap::new();
-        for h in vehicles.iter().flat_map(|(_, s)| &s.window) {
+/// Numbers every restored held fix again, in range 0 in window order.
+/// Returns the log's changes (every old key deleted, then every fix put
+/// under its new key: a new key may be an old one), and the vehicles whose
+/// record held their window (written before the log existed): their record
+/// must be written again without it.
+pub fn renumber_restored(
+    vehicles: &mut [(VehicleId, VehicleSnapshot)],
+) -> (Vec<HeldChange>, Vec<usize>) {
+    let mut deleted = Vec::new();
+    let mut put = Vec::new();
+    let mut from_records = Vec::new();
+    let mut next = 1;
+    for (i, (id, s)) in vehicles.iter_mut().enumerate() {
+        if s.window.iter().any(|h| h.key == 0) {
+            from_records.push(i);
+        }
+        for h in &mut s.window {
             if h.key != 0 {
-                let after = next.entry(h.key >> RANGE_BITS).or_default();
-                *after = (*after).max(h.key + 1);
+                deleted.push(HeldChange::Left(h.key));
             }
+            h.key = next;
+            next += 1;
+            put.push(HeldChange::Held(id.clone(), *h));
         }
-        Self { next }
     }
-
-    /// The first key shard `shard` gives.
-    pub fn first_of_shard(&self, shard: usize) -> u64 {
-        self.first_of(shard as u64 + 1)
-    }
-
-    fn first_of(&self, range: u64) -> u64 {
-        self.next
-            .get(&range)
-            .copied()
-            .unwrap_or((range << RANGE_BITS) | 1)
-    }
-
-    /// Gives a key to every restored held fix that has none (one read
-    /// from a record's window), and returns the vehicles it gave keys in.
-    pub fn key_unlogged(&mut self, vehicles: &mut [(VehicleId, VehicleSnapshot)]) -> Vec<usize> {
-        let mut next = self.first_of(MOVED_AT_START);
-        let mut moved = Vec::new();
-        for (i, (_, s)) in vehicles.iter_mut().enumerate() {
-            let mut any = false;
-            for h in s.window.iter_mut().filter(|h| h.key == 0) {
-                h.key = next;
-                next += 1;
-                any = true;
-            }
-            if any {
-                moved.push(i);
-            }
-        }
-        self.next.insert(MOVED_AT_START, next);
-        moved
-    }
+    deleted.append(&mut put);
+    (deleted, from_records)
 }
 
 #[cfg(test)]
@@ -82,7 +63,7 @@ mod tests {
                 lat: 0.0,
                 lon: 0.0,
                 received_ms: 0,
-                digest: 0,
+                digest: key,
                 key,
             })
             .collect();
@@ -96,26 +77,38 @@ mod tests {
     }
 
     #[test]
-    fn each_shard_goes_on_in_its_own_range() {
-        let shard0 = 1 << RANGE_BITS;
-        let shard1 = 2 << RANGE_BITS;
-        let keys = HeldKeys::after(&[vehicle(&[shard0 | 7, shard0 | 3]), vehicle(&[shard1 | 1])]);
-        assert_eq!(keys.first_of_shard(0), shard0 | 8);
-        assert_eq!(keys.first_of_shard(1), shard1 | 2);
-        assert_eq!(keys.first_of_shard(2), (3 << RANGE_BITS) | 1);
+    fn shards_number_in_ranges_above_the_restored() {
+        assert!(first_of_shard(0) > 1 << 40);
+        assert!(first_of_shard(1) - first_of_shard(0) >= 1 << 40);
+        assert!(first_of_shard(65_534) < i64::MAX as u64);
     }
 
     #[test]
-    fn fixes_from_records_get_keys_no_shard_gives() {
-        let shard0 = 1 << RANGE_BITS;
-        let mut vehicles = vec![vehicle(&[0, 0]), vehicle(&[shard0 | 4]), vehicle(&[2, 0])];
-        let mut keys = HeldKeys::after(&vehicles);
-        assert_eq!(keys.key_unlogged(&mut vehicles), vec![0, 2]);
-        let given: Vec<u64> = vehicles
+    fn restored_fixes_are_numbered_again_in_window_order() {
+        let shard0 = first_of_shard(0);
+        let mut vehicles = vec![
+            vehicle(&[shard0 + 7, shard0 + 9]),
+            vehicle(&[0, 0]),
+            vehicle(&[2]),
+        ];
+        let (log, from_records) = renumber_restored(&mut vehicles);
+        assert_eq!(from_records, vec![1]);
+        let keys: Vec<Vec<u64>> = vehicles
             .iter()
-            .flat_map(|(_, s)| s.window.iter().map(|h| h.key))
+            .map(|(_, s)| s.window.iter().map(|h| h.key).collect())
             .collect();
-        assert_eq!(given, vec![3, 4, shard0 | 4, 2, 5]);
-        assert_eq!(keys.first_of_shard(0), shard0 | 5);
+        assert_eq!(keys, vec![vec![1, 2], vec![3, 4], vec![5]]);
+        // The old keys go first (key 2 is an old key and a new one), then
+        // every fix under its new key, the digest still its own.
+        let left: Vec<u64> = log
+            .iter()
+            .filter_map(|c| match c {
+                HeldChange::Left(k) => Some(*k),
+                HeldChange::Held(..) => None,
+            })
+            .collect();
+        assert_eq!(left, vec![shard0 + 7, shard0 + 9, 2]);
+        assert!(matches!(log[3], HeldChange::Held(_, h) if h.key == 1 && h.digest == shard0 + 7));
+        assert_eq!(log.len(), 3 + 5);
     }
 }

@@ -56,8 +56,9 @@ pub struct Recovered {
 }
 
 /// Puts each held fix from the log into its vehicle's window, in
-/// fix-time order and arrival order among equals (receive time, then key:
-/// keys rise with arrivals within a shard). A vehicle with held fixes and
+/// fix-time order and arrival order among equals, which is key order
+/// ([`super::held_keys`]; a record's own window, from before the log,
+/// keeps its order). A vehicle with held fixes and
 /// no record (its first fixes were still waiting) starts with none
 /// applied. Its receive time is the newest of its record's and its held
 /// fixes', since a held fix does not rewrite the record.
@@ -90,7 +91,7 @@ pub fn with_held(
         s.window.push(fix);
     }
     for (_, s) in &mut vehicles {
-        s.window.sort_by_key(|h| (h.fix_ms, h.received_ms, h.key));
+        s.window.sort_by_key(|h| (h.fix_ms, h.key));
     }
     vehicles
 }
