@@ -331,6 +331,21 @@ mod tests {
         Arc::new(FenceIndex::new(parse_fences(text).expect("valid fences")))
     }
 
+    /// One shard, no fences, no MQTT output.
+    fn context(events: Option<std::path::PathBuf>, settings: EvaluatorSettings) -> OpenContext {
+        OpenContext {
+            events,
+            events_connection: None,
+            settings,
+            instance: "test".into(),
+            fence_fingerprint: watch::channel(String::new()).1,
+            fences: index(NO_FENCES),
+            shards: 1,
+            per_fence_labels: false,
+            drain: Drain::never(),
+        }
+    }
+
     /// Through the seam, on the memory store: a batch's completion hears
     /// what it came to only once the events file holds its transitions; a
     /// fence set that changes applies from its batch on; a watermark alone
@@ -344,17 +359,7 @@ mod tests {
             ..StateConfig::default()
         };
         let opened = crate::state::memory::open(Some(&events)).unwrap();
-        let ctx = OpenContext {
-            events: Some(events.clone()),
-            events_connection: None,
-            settings: EvaluatorSettings::default(),
-            instance: "test".into(),
-            fence_fingerprint: watch::channel(String::new()).1,
-            fences: index(NO_FENCES),
-            shards: 1,
-            per_fence_labels: false,
-            drain: Drain::never(),
-        };
+        let ctx = context(Some(events.clone()), EvaluatorSettings::default());
         let mut backend: Box<dyn Backend> =
             Box::new(LocalBackend::start(opened, &config, ctx).unwrap());
         assert!(backend.take_restored().is_empty());
@@ -470,20 +475,11 @@ mod tests {
             .unwrap();
         drop(store);
         let start = |config: &StateConfig| {
-            let ctx = OpenContext {
-                events: None,
-                events_connection: None,
-                settings: EvaluatorSettings {
-                    reorder_window_ms: 2_000,
-                    ..EvaluatorSettings::default()
-                },
-                instance: "test".into(),
-                fence_fingerprint: watch::channel(String::new()).1,
-                fences: index(NO_FENCES),
-                shards: 1,
-                per_fence_labels: false,
-                drain: Drain::never(),
+            let settings = EvaluatorSettings {
+                reorder_window_ms: 2_000,
+                ..EvaluatorSettings::default()
             };
+            let ctx = context(None, settings);
             let opened = embedded::open(config, None).unwrap();
             Box::new(LocalBackend::start(opened, config, ctx).unwrap())
         };
