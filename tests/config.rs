@@ -23,7 +23,8 @@ fn every_problem_is_reported_with_its_field() {
         .replace("# dwell_s = 0 ", "dwell_s = -1 ")
         .replace("# subscribe_qos = 1 ", "subscribe_qos = 2 ")
         .replace("# connect_timeout_s = 10 ", "connect_timeout_s = 0 ")
-        .replace("# decode_lanes = 0 ", "decode_lanes = 65 ");
+        .replace("# decode_lanes = 0 ", "decode_lanes = 65 ")
+        .replace("# shards = 0 ", "shards = 4097 ");
     let Err(ConfigError::Invalid(problems)) = Config::parse(&text) else {
         panic!("expected an invalid config");
     };
@@ -37,6 +38,7 @@ fn every_problem_is_reported_with_its_field() {
         "mqtt.subscribe_qos",
         "mqtt.connect_timeout_s",
         "pipeline.decode_lanes",
+        "pipeline.shards",
     ] {
         assert!(
             fields.contains(&expected),

@@ -36,6 +36,11 @@ pub const DEFAULT_REORDER_WINDOW_MS: u64 = 2_000;
 /// Most decode lanes: more only adds tasks that wait.
 pub const MAX_DECODE_LANES: usize = 64;
 
+/// Most worker shards: far past any machine's cores, and within the key
+/// ranges a durable store gives shards for held fixes
+/// (`state::local::held_keys`).
+pub const MAX_SHARDS: usize = 4096;
+
 impl Default for PipelineConfig {
     fn default() -> Self {
         Self {
@@ -92,6 +97,15 @@ impl PipelineConfig {
         }
         if let Err(e) = AdmissionPolicy::new(self.watermark, self.queue_capacity.max(1)) {
             problems.add("pipeline.watermark", e.to_string());
+        }
+        if self.shards > MAX_SHARDS {
+            problems.add(
+                "pipeline.shards",
+                format!(
+                    "must be 0 (one per core) to {MAX_SHARDS}, got {}",
+                    self.shards
+                ),
+            );
         }
         if self.decode_lanes > MAX_DECODE_LANES {
             problems.add(
