@@ -42,10 +42,12 @@
 
 use super::fences::Fence;
 use super::index::{Coverings, FenceIdx, FenceIndex};
+use super::prefetch::prefetch;
+use super::vehicle_slots::{SlotRef, VehicleSlots};
 use crate::model::{FenceId, VehicleId};
 use geo::Coord;
 use serde::Serialize;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 /// Most digests kept of the fixes applied at one fix time: enough for an
@@ -208,6 +210,21 @@ pub enum HeldChange {
     Left(u64),
 }
 
+/// A held fix's turn to leave its window: when, and which of its
+/// vehicle's fixes leave with it (those dated up to its own).
+#[derive(Debug, Clone, Copy)]
+struct Due {
+    at_ms: i64,
+    fix_ms: i64,
+    vehicle: SlotRef,
+}
+
+/// How far down the due queue a release starts loading a vehicle's slot,
+/// and its window's fixes: far enough for the loads to arrive before
+/// they are read, near enough that they are still in cache then.
+const LOAD_SLOT_AHEAD: usize = 16;
+const LOAD_WINDOW_AHEAD: usize = 8;
+
 #[derive(Debug, Default)]
 struct VehicleState {
     /// The last applied fix's time (`i64::MIN`: none yet).
@@ -284,18 +301,15 @@ pub struct VehicleSnapshot {
 pub struct Evaluator {
     index: Arc<FenceIndex>,
     settings: EvaluatorSettings,
-    /// foldhash, seeded per process: SipHash was a visible share of the
-    /// per-event cost, and a random seed still keeps crafted ids from
-    /// colliding on purpose.
-    vehicles: HashMap<VehicleId, VehicleState, foldhash::fast::RandomState>,
+    vehicles: VehicleSlots<VehicleState>,
     stats: EvaluatorStats,
-    /// When each held fix is due to leave its window: (due ms, vehicle,
-    /// fix ms), in arrival order. A queue, not a heap: due times are the
-    /// receive clock plus one window, so they rise with arrivals (a fix
-    /// handed over out of receive order, across decode lanes, waits at
-    /// most until the one queued before it is due). An entry whose fix has
-    /// already left, with a later one of its vehicle, releases nothing.
-    due: VecDeque<(i64, VehicleId, i64)>,
+    /// When each held fix is due to leave its window, in arrival order. A
+    /// queue, not a heap: due times are the receive clock plus one window,
+    /// so they rise with arrivals (a fix handed over out of receive order,
+    /// across decode lanes, waits at most until the one queued before it
+    /// is due). An entry whose fix has already left, with a later one of
+    /// its vehicle, releases nothing.
+    due: VecDeque<Due>,
     /// False after a restore, until `due` is sorted again.
     due_sorted: bool,
     /// Fixes in every window together.
@@ -329,7 +343,7 @@ impl Evaluator {
         Self {
             index,
             settings,
-            vehicles: HashMap::default(),
+            vehicles: VehicleSlots::default(),
             stats: EvaluatorStats::default(),
             due: VecDeque::new(),
             due_sorted: true,
@@ -471,19 +485,13 @@ impl Evaluator {
         batch_position: Option<usize>,
         out: &mut Vec<Transition>,
     ) -> FixOutcome {
-        // Look up before inserting: a known vehicle (the common case) costs
-        // no clone of its id (a heap share for ids past 23 bytes).
-        if !self.vehicles.contains_key(fix.vehicle) {
-            let fresh = VehicleState {
+        let (slot, state) = self
+            .vehicles
+            .get_or_insert_with(fix.vehicle, || VehicleState {
                 last_fix_ms: i64::MIN,
                 last_heard_ms: fix.received_ms,
                 ..VehicleState::default()
-            };
-            self.vehicles.insert(fix.vehicle.clone(), fresh);
-        }
-        let Some(state) = self.vehicles.get_mut(fix.vehicle) else {
-            return FixOutcome::Duplicate;
-        };
+            });
         state.last_heard_ms = state.last_heard_ms.max(fix.received_ms);
         // Every outcome but a hold changes the record (a held fix is
         // logged instead; the store takes its receive time from the log).
@@ -564,12 +572,13 @@ impl Evaluator {
         state.window.insert(at, held);
         self.stats.held += 1;
         self.held += 1;
-        self.due.push_back((
-            fix.received_ms
+        self.due.push_back(Due {
+            at_ms: fix
+                .received_ms
                 .saturating_add(self.settings.reorder_window_ms),
-            fix.vehicle.clone(),
-            fix.fix_ms,
-        ));
+            fix_ms: fix.fix_ms,
+            vehicle: slot,
+        });
         if state.window.len() > MAX_WINDOW_FIXES {
             // Release up to the earliest-arrived fix, as if its time had
             // come: the window stays bounded and stays in fix-time order.
@@ -604,19 +613,25 @@ impl Evaluator {
     /// vehicle still waiting. Returns how many fixes left their windows.
     pub fn release_due(&mut self, watermark_ms: i64, out: &mut Vec<Transition>) -> u64 {
         if !self.due_sorted {
-            self.due.make_contiguous().sort_by_key(|e| e.0);
+            self.due.make_contiguous().sort_by_key(|e| e.at_ms);
             self.due_sorted = true;
         }
         let mut released = 0;
         while self
             .due
             .front()
-            .is_some_and(|(due, ..)| *due <= watermark_ms)
+            .is_some_and(|due| due.at_ms <= watermark_ms)
         {
-            let Some((_, vehicle, upto)) = self.due.pop_front() else {
+            self.load_ahead();
+            let Some(Due {
+                fix_ms: upto,
+                vehicle: slot,
+                ..
+            }) = self.due.pop_front()
+            else {
                 break;
             };
-            let Some(state) = self.vehicles.get_mut(&vehicle) else {
+            let Some((vehicle, state)) = self.vehicles.at_mut(slot) else {
                 continue;
             };
             // This fix is due, and every held fix of its vehicle dated
@@ -635,7 +650,7 @@ impl Evaluator {
                 index,
                 settings,
                 &mut self.stats,
-                &vehicle,
+                vehicle,
                 state,
                 n,
                 &mut self.covering,
@@ -645,6 +660,22 @@ impl Evaluator {
             released += n as u64;
         }
         released
+    }
+
+    /// Starts loading what the releases a few entries down the due queue
+    /// will read: the vehicle's slot, further ahead, then its window's
+    /// first fixes, nearer (by then the slot has come in, so reading where
+    /// the window is does not wait).
+    fn load_ahead(&self) {
+        if let Some(ahead) = self.due.get(LOAD_SLOT_AHEAD) {
+            self.vehicles.prefetch(ahead.vehicle);
+        }
+        if let Some(near) = self.due.get(LOAD_WINDOW_AHEAD)
+            && let Some(state) = self.vehicles.peek(near.vehicle)
+            && let Some(first) = state.window.front()
+        {
+            prefetch(first);
+        }
     }
 
     /// Applies every fix still waiting in a window, in fix-time order per
@@ -763,24 +794,11 @@ impl Evaluator {
             .collect();
         let shrank =
             members.len() < snapshot.members.len() || pending.len() < snapshot.pending.len();
-        let window_ms = self.settings.reorder_window_ms.max(0);
-        for h in &snapshot.window {
-            let entry = (
-                h.received_ms.saturating_add(window_ms),
-                vehicle.clone(),
-                h.fix_ms,
-            );
-            self.due.push_back(entry);
-        }
-        // Restored vehicles come in any order: sorted before the next
-        // release.
-        self.due_sorted = false;
-        self.held += snapshot.window.len();
         let changed = self.track_changes && shrank;
         if changed {
             self.changed.push(vehicle.clone());
         }
-        self.vehicles.insert(
+        let slot = self.vehicles.insert(
             vehicle,
             VehicleState {
                 last_fix_ms: snapshot.last_fix_ms,
@@ -792,6 +810,16 @@ impl Evaluator {
                 changed,
             },
         );
+        let window_ms = self.settings.reorder_window_ms.max(0);
+        self.due.extend(snapshot.window.iter().map(|h| Due {
+            at_ms: h.received_ms.saturating_add(window_ms),
+            fix_ms: h.fix_ms,
+            vehicle: slot,
+        }));
+        // Restored vehicles come in any order: sorted before the next
+        // release.
+        self.due_sorted = false;
+        self.held += snapshot.window.len();
     }
 
     /// Whether anything restored or changed is waiting for

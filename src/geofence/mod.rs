@@ -20,6 +20,7 @@ mod prefetch;
 pub mod probe;
 pub mod ring;
 pub mod shape;
+mod vehicle_slots;
 
 pub use evaluator::{
     Cause, Evaluator, EvaluatorSettings, EvaluatorStats, Fix, FixOutcome, HeldChange, HeldFix,
