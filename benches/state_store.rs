@@ -72,7 +72,7 @@ fn batch(n: usize, first_seq: u64) -> CommitBatch {
         .collect();
     CommitBatch {
         vehicles,
-        held: Vec::new(),
+        held: Default::default(),
         outbox,
         next_seq: first_seq + LINES as u64,
         // The relay is one batch behind.

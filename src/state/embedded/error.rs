@@ -3,6 +3,7 @@
 
 use super::outbox_rows::OutboxRowError;
 use crate::state::StateError;
+use crate::state::local::held_batch::HeldBytesError;
 use crate::state::local::record::RecordError;
 use std::path::PathBuf;
 
@@ -47,6 +48,14 @@ pub enum EmbeddedError {
         path: PathBuf,
         last_seq: u64,
         source: OutboxRowError,
+    },
+    #[error(
+        "state file {path}: the held-fix log's row {id}: {source}. Restore the file from a backup, or pass --reset-state to start from no memberships"
+    )]
+    CorruptHeld {
+        path: PathBuf,
+        id: i64,
+        source: HeldBytesError,
     },
     #[error(
         "state file {path} has schema version {version}, written by a newer geogate; this one reads up to version {readable}. Run the newer geogate, or move the file aside and pass --reset-state to start from no memberships"

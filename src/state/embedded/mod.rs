@@ -12,41 +12,44 @@
 
 mod config;
 mod error;
+pub mod held_log;
 pub mod log_writeback;
 pub mod outbox_rows;
 
 pub use error::EmbeddedError;
 
 use super::StateError;
+use super::local::held_batch::{self, HeldBatch, HeldBytesError};
 use super::local::record;
 use super::local::store::{CommitBatch, Opened, Recovered, Store, read_tail, with_held};
 use crate::crash_point;
 use crate::delivery::outbox::OutboxEntry;
-use crate::geofence::HeldChange;
+use crate::geofence::{HeldChange, HeldFix};
 use crate::model::VehicleId;
 use crate::sink::config::FsyncPolicy;
 use crate::state::StateConfig;
+use held_log::{HeldLog, HeldPlan};
 use log_writeback::LogWriteback;
 use outbox_rows::OutboxRowError;
 use rusqlite::types::ValueRef;
 use rusqlite::{
     Connection, ErrorCode, OpenFlags, OptionalExtension, Transaction, TransactionBehavior, params,
 };
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// Version 3 adds the log of held fixes (`held`), which an older geogate
-/// would not read: it refuses the file instead of dropping them. Version
-/// 2 keeps the outbox a row per commit ([`outbox_rows`]); version 1 kept
-/// a row per entry, in a table `outbox` that opening moves over.
-const SCHEMA_VERSION: i64 = 3;
+/// Version 4 keeps the log of held fixes a row per commit (`held_log`,
+/// [`held_rows`]); version 3 kept a row per fix, in a table `held` that
+/// opening moves over. An older geogate would not read the log: it
+/// refuses the file instead of dropping held fixes. Version 2 keeps the
+/// outbox a row per commit ([`outbox_rows`]); version 1 kept a row per
+/// entry, in a table `outbox` that opening moves over.
+const SCHEMA_VERSION: i64 = 4;
 
-/// `held` is keyed by a number that rises with arrivals, within each
-/// shard's range: fixes are appended at the end of a range and mostly
-/// leave from its start, so its pages stay few and hot.
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS vehicle (id TEXT PRIMARY KEY, state BLOB NOT NULL) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS held (key INTEGER PRIMARY KEY, vehicle TEXT NOT NULL, fix BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS held_log (id INTEGER PRIMARY KEY, changes BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS outbox_commit (last_seq INTEGER PRIMARY KEY, first_seq INTEGER NOT NULL, entries BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 ";
@@ -119,6 +122,8 @@ pub struct EmbeddedStore {
     conn: Connection,
     /// Under `fsync = "flush"`, on Linux: see [`LogWriteback`].
     log: Option<LogWriteback>,
+    /// Which rows of `held_log` still hold a waiting fix.
+    held: HeldLog,
 }
 
 impl EmbeddedStore {
@@ -162,7 +167,7 @@ impl EmbeddedStore {
         }
         if config.reset {
             tx.execute_batch(
-                "DELETE FROM vehicle; DELETE FROM held; DELETE FROM outbox_commit;
+                "DELETE FROM vehicle; DELETE FROM held_log; DELETE FROM outbox_commit;
                  UPDATE meta SET value = 1 WHERE key = 'next_seq';
                  UPDATE meta SET value = 0 WHERE key = 'mqtt_cursor';",
             )
@@ -174,6 +179,7 @@ impl EmbeddedStore {
             path: path.to_owned(),
             log: LogWriteback::open(&conn, config.fsync),
             conn,
+            held: HeldLog::one_row(1, &[]),
         };
         let recovered = store.read_all(created)?;
         Ok((store, recovered))
@@ -214,26 +220,14 @@ impl EmbeddedStore {
         }
         drop(rows);
         drop(stmt);
-        let mut held = Vec::new();
-        let mut stmt = self
-            .conn
-            .prepare("SELECT key, vehicle, fix FROM held ORDER BY key")
-            .map_err(sql)?;
-        let mut rows = stmt.query([]).map_err(sql)?;
-        while let Some(row) = rows.next().map_err(sql)? {
-            let key = row.get::<_, i64>(0).map_err(sql)? as u64;
-            let id: String = row.get(1).map_err(sql)?;
-            let bytes: Vec<u8> = row.get(2).map_err(sql)?;
-            let fix =
-                record::decode_held(&bytes, key).map_err(|source| EmbeddedError::Corrupt {
-                    path: path.clone(),
-                    vehicle: id.clone(),
-                    source,
-                })?;
-            held.push((VehicleId::from(id), fix));
-        }
-        drop(rows);
-        drop(stmt);
+        let held = self.read_held().map_err(|e| match e {
+            ReadHeld::Sqlite(source) => sql(source),
+            ReadHeld::Row { id, source } => EmbeddedError::CorruptHeld {
+                path: path.clone(),
+                id,
+                source,
+            },
+        })?;
         let vehicles = with_held(vehicles, held);
         let mut stmt = self
             .conn
@@ -271,7 +265,52 @@ impl EmbeddedStore {
         })
     }
 
-    fn write(&mut self, batch: &CommitBatch) -> rusqlite::Result<()> {
+    /// Replays the log of held fixes, and writes what waits back as one
+    /// row (the log's rows since the oldest waiting fix become one).
+    /// Returns the waiting fixes in key order.
+    fn read_held(&mut self) -> Result<Vec<(VehicleId, HeldFix)>, ReadHeld> {
+        let mut waiting = HashMap::new();
+        let mut last_id = 0;
+        {
+            let mut stmt = self
+                .conn
+                .prepare("SELECT id, changes FROM held_log ORDER BY id")?;
+            let mut rows = stmt.query([])?;
+            while let Some(row) = rows.next()? {
+                let id = row.get::<_, i64>(0)?;
+                last_id = id;
+                let corrupt = |source| ReadHeld::Row { id, source };
+                let ValueRef::Blob(bytes) = row.get_ref(1)? else {
+                    return Err(corrupt(HeldBytesError::NotBytes));
+                };
+                held_batch::replay(bytes, &mut waiting).map_err(corrupt)?;
+            }
+        }
+        let mut held: Vec<(u64, (VehicleId, HeldFix))> = waiting.into_iter().collect();
+        held.sort_unstable_by_key(|(key, _)| *key);
+        let keys: Vec<u64> = held.iter().map(|(key, _)| *key).collect();
+        let held: Vec<(VehicleId, HeldFix)> = held.into_iter().map(|(_, h)| h).collect();
+        if last_id > 0 {
+            let changes: Vec<HeldChange> = held
+                .iter()
+                .map(|(v, fix)| HeldChange::Held(v.clone(), *fix))
+                .collect();
+            let bytes = HeldBatch::from_changes(&changes).bytes;
+            let tx = self.conn.transaction()?;
+            tx.execute("DELETE FROM held_log", [])?;
+            if !changes.is_empty() {
+                tx.execute(
+                    "INSERT INTO held_log (id, changes) VALUES (?1, ?2)",
+                    params![last_id + 1, bytes],
+                )?;
+            }
+            tx.commit()?;
+        }
+        self.held = HeldLog::one_row(last_id + 1, &keys);
+        Ok(held)
+    }
+
+    fn write(&mut self, batch: &CommitBatch, held: &HeldPlan) -> rusqlite::Result<()> {
         let tx = self.conn.transaction()?;
         {
             let mut upsert = tx.prepare_cached(
@@ -284,7 +323,14 @@ impl EmbeddedStore {
                     None => delete.execute([&**id])?,
                 };
             }
-            write_held(&tx, &batch.held)?;
+            if let Some(id) = held.insert {
+                tx.prepare_cached("INSERT INTO held_log (id, changes) VALUES (?1, ?2)")?
+                    .execute(params![id, batch.held.bytes])?;
+            }
+            if let Some(through) = held.delete_through {
+                tx.prepare_cached("DELETE FROM held_log WHERE id <= ?1")?
+                    .execute([through])?;
+            }
             append_outbox(&tx, &batch.outbox)?;
             crash_point::reached("commit.inside");
             let mut set = tx.prepare_cached("UPDATE meta SET value = ?2 WHERE key = ?1")?;
@@ -306,10 +352,13 @@ impl EmbeddedStore {
 
 impl Store for EmbeddedStore {
     fn commit(&mut self, batch: &CommitBatch) -> Result<(), StateError> {
-        self.write(batch).map_err(|source| EmbeddedError::Sqlite {
-            path: self.path.clone(),
-            source,
-        })?;
+        let held = self.held.plan(&batch.held.runs);
+        self.write(batch, &held)
+            .map_err(|source| EmbeddedError::Sqlite {
+                path: self.path.clone(),
+                source,
+            })?;
+        self.held.committed(held);
         if let Some(log) = &mut self.log
             && !log.after_commit(Instant::now())
         {
@@ -346,86 +395,16 @@ fn append_outbox(tx: &Transaction, entries: &[OutboxEntry]) -> rusqlite::Result<
     Ok(())
 }
 
-/// Applies the log's changes in order. A commit's puts and deletes come
-/// in runs (a batch's arrivals, then its releases), so each run is one
-/// statement per [`HELD_ROWS_PER_STATEMENT`] puts, and one per range of
-/// consecutive keys deleted (keys leave mostly in the order they came):
-/// the per-statement cost, not the table's, is most of a small row's.
-fn write_held(tx: &Transaction, held: &[HeldChange]) -> rusqlite::Result<()> {
-    let mut delete = tx.prepare_cached("DELETE FROM held WHERE key BETWEEN ?1 AND ?2")?;
-    let mut rest = held;
-    while let Some(first) = rest.first() {
-        let run = rest
-            .iter()
-            .position(|w| {
-                matches!(w, HeldChange::Held(..)) != matches!(first, HeldChange::Held(..))
-            })
-            .unwrap_or(rest.len());
-        let (this, next) = rest.split_at(run);
-        rest = next;
-        if matches!(first, HeldChange::Held(..)) {
-            put_held(tx, this)?;
-            continue;
-        }
-        let mut keys = this.iter().filter_map(|w| match w {
-            HeldChange::Left(key) => Some(*key as i64),
-            HeldChange::Held(..) => None,
-        });
-        let Some(mut from) = keys.next() else {
-            continue;
-        };
-        let mut to = from;
-        for key in keys {
-            if key != to + 1 {
-                delete.execute([from, to])?;
-                from = key;
-            }
-            to = key;
-        }
-        delete.execute([from, to])?;
-    }
-    Ok(())
+/// Why the log of held fixes could not be read.
+enum ReadHeld {
+    Sqlite(rusqlite::Error),
+    Row { id: i64, source: HeldBytesError },
 }
 
-/// Rows one insert statement of held fixes carries.
-const HELD_ROWS_PER_STATEMENT: usize = 64;
-
-fn put_held(tx: &Transaction, puts: &[HeldChange]) -> rusqlite::Result<()> {
-    let sql = |rows: usize| {
-        format!(
-            "INSERT OR REPLACE INTO held (key, vehicle, fix) VALUES {}",
-            vec!["(?, ?, ?)"; rows].join(", ")
-        )
-    };
-    let mut chunks = puts.chunks_exact(HELD_ROWS_PER_STATEMENT);
-    if chunks.len() > 0 {
-        let mut many = tx.prepare_cached(&sql(HELD_ROWS_PER_STATEMENT))?;
-        for chunk in &mut chunks {
-            bind_and_run(&mut many, chunk)?;
-        }
+impl From<rusqlite::Error> for ReadHeld {
+    fn from(e: rusqlite::Error) -> Self {
+        Self::Sqlite(e)
     }
-    let rest = chunks.remainder();
-    if !rest.is_empty() {
-        let mut one = tx.prepare_cached(&sql(1))?;
-        for put in rest {
-            bind_and_run(&mut one, std::slice::from_ref(put))?;
-        }
-    }
-    Ok(())
-}
-
-/// Binds each put's key, vehicle and fix, in order, and runs the insert.
-fn bind_and_run(insert: &mut rusqlite::Statement<'_>, puts: &[HeldChange]) -> rusqlite::Result<()> {
-    for (i, write) in puts.iter().enumerate() {
-        // `write_held` hands over runs of puts only.
-        let HeldChange::Held(vehicle, fix) = write else {
-            unreachable!("a delete among the puts")
-        };
-        insert.raw_bind_parameter(3 * i + 1, fix.key as i64)?;
-        insert.raw_bind_parameter(3 * i + 2, &**vehicle)?;
-        insert.raw_bind_parameter(3 * i + 3, &record::encode_held(fix)[..])?;
-    }
-    insert.raw_execute().map(|_| ())
 }
 
 /// Brings the file to this version inside the opening transaction, and
@@ -463,6 +442,25 @@ fn upgrade(tx: &Transaction, reset: bool) -> rusqlite::Result<i64> {
             append_outbox(tx, &entries)?;
         }
         tx.execute_batch("DROP TABLE outbox")?;
+    }
+    if exists(tx, "table", "held")? {
+        if !reset {
+            // Version 3's row per fix becomes one row of the log, in key
+            // order; a fix's bytes move as they are (a damaged one is
+            // named when the log is read).
+            let mut bytes = Vec::new();
+            let mut rows = tx.prepare("SELECT key, vehicle, fix FROM held ORDER BY key")?;
+            let mut rows = rows.query([])?;
+            while let Some(row) = rows.next()? {
+                let vehicle: String = row.get(1)?;
+                let fix: Vec<u8> = row.get(2)?;
+                held_batch::put_entered(&mut bytes, row.get::<_, i64>(0)? as u64, &vehicle, &fix);
+            }
+            if !bytes.is_empty() {
+                tx.execute("INSERT INTO held_log (id, changes) VALUES (1, ?1)", [bytes])?;
+            }
+        }
+        tx.execute_batch("DROP TABLE held")?;
     }
     if !exists(tx, "view", "outbox")? {
         tx.execute_batch(OLD_READERS_REFUSED)?;
@@ -653,7 +651,7 @@ mod tests {
         store
             .commit(&CommitBatch {
                 vehicles: vec![("van7".into(), Some(van7))],
-                held: vec![
+                held: HeldBatch::from_changes(&[
                     put("van7", &held(3_000, 1)),
                     put("van7", &held(2_000, 2)),
                     put("van7", &held(4_000, 3)),
@@ -667,14 +665,14 @@ mod tests {
                             ..held(2_500, 5)
                         },
                     ),
-                ],
+                ]),
                 next_seq: 1,
                 ..CommitBatch::default()
             })
             .unwrap();
         store
             .commit(&CommitBatch {
-                held: vec![HeldChange::Left(3)],
+                held: HeldBatch::from_changes(&[HeldChange::Left(3)]),
                 next_seq: 1,
                 ..CommitBatch::default()
             })
@@ -704,50 +702,115 @@ mod tests {
         assert!(van8.members.is_empty());
     }
 
-    /// Puts many at a time and deletes ranges of keys: exactly the keys
-    /// put and not deleted remain, whatever the runs look like.
+    fn held_log_rows(store: &EmbeddedStore) -> i64 {
+        store
+            .conn
+            .query_row("SELECT count(*) FROM held_log", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    fn held_at(key: u64) -> crate::geofence::HeldFix {
+        crate::geofence::HeldFix {
+            fix_ms: key as i64,
+            lat: 0.0,
+            lon: 0.0,
+            received_ms: 0,
+            digest: key,
+            key,
+        }
+    }
+
+    /// A row of the log goes once none of its fixes waits and every row
+    /// before it has gone; what waits comes back, and opening leaves it
+    /// in one row.
     #[test]
-    fn runs_of_puts_and_deletes_leave_exactly_the_rest() {
-        use crate::geofence::HeldFix;
+    fn the_log_keeps_only_rows_that_still_matter() {
         let dir = tempfile::tempdir().unwrap();
         let config = config(dir.path());
-        let put = |key: u64| {
-            let h = HeldFix {
-                fix_ms: key as i64,
-                lat: 0.0,
-                lon: 0.0,
-                received_ms: 0,
-                digest: key,
-                key,
-            };
-            HeldChange::Held("van7".into(), h)
+        let put = |key| HeldChange::Held("van7".into(), held_at(key));
+        let left = HeldChange::Left;
+        let commit = |store: &mut EmbeddedStore, held: Vec<HeldChange>| {
+            store
+                .commit(&CommitBatch {
+                    held: HeldBatch::from_changes(&held),
+                    next_seq: 1,
+                    ..CommitBatch::default()
+                })
+                .unwrap();
         };
-        let mut held: Vec<HeldChange> = (10..140).map(put).collect();
-        let deleted: Vec<u64> = (10..=20).chain([22]).chain(25..=30).chain([139]).collect();
-        held.extend(deleted[..12].iter().map(|&k| HeldChange::Left(k)));
-        held.push(put(200));
-        held.extend(deleted[12..].iter().map(|&k| HeldChange::Left(k)));
         let (mut store, _) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
-        store
-            .commit(&CommitBatch {
-                held,
-                next_seq: 1,
-                ..CommitBatch::default()
-            })
-            .unwrap();
+        commit(&mut store, vec![put(1), put(2), put(3)]);
+        commit(&mut store, vec![put(4), put(5)]);
+        assert_eq!(held_log_rows(&store), 2);
+        commit(&mut store, vec![left(1), left(2), left(3)]);
+        assert_eq!(held_log_rows(&store), 2, "the first row has gone");
+        // The second row still waits: the rows after it stay, or its
+        // fixes' "left" would go before the row they entered in.
+        commit(&mut store, vec![left(4)]);
+        assert_eq!(held_log_rows(&store), 3);
+        // Entered and left within one commit: nothing to keep.
+        commit(&mut store, vec![put(6), left(6)]);
         drop(store);
-        let (_, recovered) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
+        let (mut store, recovered) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
         let keys: Vec<u64> = recovered.vehicles[0]
             .1
             .window
             .iter()
             .map(|h| h.key)
             .collect();
-        let want: Vec<u64> = (10..140)
-            .chain([200])
-            .filter(|k| !deleted.contains(k))
+        assert_eq!(keys, [5]);
+        assert_eq!(held_log_rows(&store), 1, "compacted at open");
+        commit(&mut store, vec![left(5)]);
+        assert_eq!(held_log_rows(&store), 0);
+        drop(store);
+        let (_, recovered) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
+        assert!(recovered.vehicles.is_empty());
+    }
+
+    /// A version 3 file kept a row per held fix: they move to the log at
+    /// open, in key order, and come back in their windows.
+    #[test]
+    fn a_version_3_file_opens_with_its_held_fixes() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = created_then_altered(
+            dir.path(),
+            "DROP TABLE held_log;
+             CREATE TABLE held (key INTEGER PRIMARY KEY, vehicle TEXT NOT NULL, fix BLOB NOT NULL);
+             UPDATE meta SET value = 3 WHERE key = 'schema';",
+        );
+        let conn = Connection::open(&config.embedded.path).unwrap();
+        for (key, vehicle) in [(7u64, "van7"), (3, "van7"), (5, "van8")] {
+            conn.execute(
+                "INSERT INTO held VALUES (?1, ?2, ?3)",
+                params![key as i64, vehicle, &record::encode_held(&held_at(key))[..]],
+            )
+            .unwrap();
+        }
+        drop(conn);
+        let (store, recovered) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
+        let mut windows: Vec<(String, Vec<u64>)> = recovered
+            .vehicles
+            .iter()
+            .map(|(id, s)| (id.to_string(), s.window.iter().map(|h| h.key).collect()))
             .collect();
-        assert_eq!(keys, want);
+        windows.sort();
+        assert_eq!(
+            windows,
+            [
+                ("van7".to_string(), vec![3, 7]),
+                ("van8".to_string(), vec![5])
+            ]
+        );
+        assert_eq!(schema_version(&store.conn), SCHEMA_VERSION);
+        let held_table: bool = store
+            .conn
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = 'held')",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert!(!held_table, "version 3's table is dropped");
     }
 
     /// A commit's entries are one row; a confirmed run is pruned only as a

@@ -8,13 +8,14 @@
 //! ([`crate::delivery::relay`]), which completes the batches once the
 //! events file has their lines.
 
+use super::held_batch::HeldBatch;
 use super::store::{CommitBatch, Store, VehicleChange};
 use crate::clock::receive_now_ms;
 use crate::crash_point;
 use crate::delivery::Cursors;
 use crate::delivery::outbox::OutboxEntry;
 use crate::delivery::relay::Committed;
-use crate::geofence::{HeldChange, Transition};
+use crate::geofence::Transition;
 use crate::model::VehicleId;
 use crate::shutdown::Drain;
 use crate::sink::metrics::{SINK_HEALTHY, SINK_WRITE_FAILURES_TOTAL};
@@ -99,8 +100,8 @@ impl LatestChanges {
 /// it is committed and in the events file.
 pub struct CommitRequest {
     pub vehicles: Vec<VehicleChange>,
-    /// Fixes that entered or left a window, in order.
-    pub held: Vec<HeldChange>,
+    /// Fixes that entered or left a window, in order, packed.
+    pub held: HeldBatch,
     pub transitions: Vec<Transition>,
     pub outcomes: Outcomes,
     /// The batch's fixes: its messages, for the log.
@@ -140,6 +141,10 @@ impl Committer {
         // The memory store's commit costs nothing: no reason to wait.
         let spaced = self.store.durable();
         let mut previous_commit: Option<Instant> = None;
+        // The held log's changes of one commit, kept between commits: a
+        // window changes it with every fix, and a vector grown afresh for
+        // each commit spent its time in page faults.
+        let mut held = HeldBatch::default();
         while let Some(first) = requests.blocking_recv() {
             // A full commit's worth already waiting gathers nothing more.
             if spaced && requests.len() + 1 < MAX_BATCHES_PER_COMMIT {
@@ -160,7 +165,10 @@ impl Committer {
                 continue;
             }
             batches_per_commit.record(waiting.len() as f64);
-            let mut batch = CommitBatch::default();
+            let mut batch = CommitBatch {
+                held: std::mem::take(&mut held),
+                ..CommitBatch::default()
+            };
             let mut finished = Vec::with_capacity(waiting.len());
             let mut messages = 0;
             let first_seq = self.next_seq;
@@ -168,7 +176,8 @@ impl Committer {
             let mut received = Vec::new();
             for request in waiting.drain(..) {
                 latest.add(&mut batch.vehicles, request.vehicles);
-                batch.held.extend(request.held);
+                let mut packed = request.held;
+                batch.held.append(&mut packed);
                 for t in &request.transitions {
                     batch.outbox.push(OutboxEntry::new(self.next_seq, t));
                     self.next_seq += 1;
@@ -192,6 +201,8 @@ impl Committer {
                 continue;
             }
             duration.record(started.elapsed().as_secs_f64());
+            held = std::mem::take(&mut batch.held);
+            held.clear();
             previous_commit = Some(Instant::now());
             crash_point::reached("commit.after");
             let latency = latency.clone();

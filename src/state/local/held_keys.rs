@@ -14,11 +14,16 @@ use crate::model::VehicleId;
 
 /// Bits of a key below its range: 2^47 fixes per range, and ranges up to
 /// 2^16 keep every key a positive i64 (SQLite's integer key).
-const RANGE_BITS: u32 = 47;
+pub const RANGE_BITS: u32 = 47;
 
 /// The first key shard `shard` gives.
 pub fn first_of_shard(shard: usize) -> u64 {
     ((shard as u64 + 1) << RANGE_BITS) | 1
+}
+
+/// The range `key` is in: 0 for the restored, `shard + 1` for a shard's.
+pub fn range_of(key: u64) -> u64 {
+    key >> RANGE_BITS
 }
 
 /// Numbers every restored held fix again, in range 0 in window order.

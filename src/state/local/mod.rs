@@ -7,10 +7,12 @@
 //! * [`store`]: what a store commits and gives back at start;
 //! * [`record`]: a vehicle's state as the store's bytes;
 //! * [`held_keys`]: keys for the store's log of held fixes;
+//! * [`held_batch`]: a batch's changes to that log, packed by its shard;
 //! * [`shard`]: one shard's evaluator behind the seam;
 //! * [`commit`]: the one thread that commits every shard's batches.
 
 pub mod commit;
+pub mod held_batch;
 pub mod held_keys;
 pub mod record;
 pub mod shard;
@@ -25,6 +27,7 @@ use crate::geofence::{Evaluator, EvaluatorSettings, FenceIndex, VehicleSnapshot}
 use crate::model::VehicleId;
 use crate::state::StateConfig;
 use commit::{CommitRequest, Committer, MAX_BATCHES_PER_COMMIT};
+use held_batch::HeldBatch;
 use shard::LocalShard;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -126,7 +129,7 @@ impl LocalBackend {
             );
             store.commit(&CommitBatch {
                 vehicles: changes,
-                held,
+                held: HeldBatch::from_changes(&held),
                 outbox: Vec::new(),
                 next_seq: recovered.next_seq,
                 file_cursor: cursors.file.load(Relaxed),

@@ -189,7 +189,7 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(raw))
     }
 
-    fn varint(&mut self) -> Result<u64, RecordError> {
+    pub(crate) fn varint(&mut self) -> Result<u64, RecordError> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let b = self.byte()?;

@@ -3,6 +3,7 @@
 //! changed goes to the committer with the transitions it produced.
 
 use super::commit::CommitRequest;
+use super::held_batch::HeldBatch;
 use super::record;
 use super::store::VehicleChange;
 use crate::geofence::{
@@ -33,6 +34,8 @@ pub struct LocalShard {
     /// The evaluator's overflow count already reported.
     overflow_seen: u64,
     changed: Vec<(VehicleId, Option<VehicleSnapshot>)>,
+    /// The evaluator's held-log changes of one batch, before packing.
+    held: Vec<HeldChange>,
 }
 
 impl LocalShard {
@@ -55,6 +58,7 @@ impl LocalShard {
             evaluations: 0,
             overflow_seen: 0,
             changed: Vec::new(),
+            held: Vec::new(),
         }
     }
 
@@ -153,14 +157,16 @@ impl LocalShard {
         }))
     }
 
-    /// The fixes that entered or left a window in the batch, for a
-    /// durable store (none for the memory store).
-    fn held_changes(&mut self) -> Vec<HeldChange> {
-        let mut held = Vec::new();
-        if self.durable {
-            self.evaluator.take_held(&mut held);
+    /// The fixes that entered or left a window in the batch, packed for
+    /// a durable store (none for the memory store).
+    fn held_changes(&mut self) -> HeldBatch {
+        if !self.durable {
+            return HeldBatch::default();
         }
-        held
+        self.evaluator.take_held(&mut self.held);
+        let batch = HeldBatch::from_changes(&self.held);
+        self.held.clear();
+        batch
     }
 
     /// The vehicles the batch changed, encoded for a durable store (none

@@ -2,9 +2,10 @@
 //! commits vehicle records and outbox entries in one transaction, and
 //! gives back everything committed at start.
 
+use super::held_batch::HeldBatch;
 use crate::delivery::events_file::{self, Tail};
 use crate::delivery::outbox::OutboxEntry;
-use crate::geofence::{HeldChange, HeldFix, VehicleSnapshot};
+use crate::geofence::{HeldFix, VehicleSnapshot};
 use crate::model::VehicleId;
 use crate::state::StateError;
 use std::collections::HashMap;
@@ -20,7 +21,7 @@ pub struct CommitBatch {
     pub vehicles: Vec<VehicleChange>,
     /// The log of held fixes' changes, applied in order after the vehicle
     /// records.
-    pub held: Vec<HeldChange>,
+    pub held: HeldBatch,
     pub outbox: Vec<OutboxEntry>,
     /// The seq the next transition will get.
     pub next_seq: u64,
