@@ -40,7 +40,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// Version 4 keeps the log of held fixes a row per commit (`held_log`,
-/// [`held_rows`]); version 3 kept a row per fix, in a table `held` that
+/// [`held_batch`], [`held_log`]); version 3 kept a row per fix, in a table `held` that
 /// opening moves over. An older geogate would not read the log: it
 /// refuses the file instead of dropping held fixes. Version 2 keeps the
 /// outbox a row per commit ([`outbox_rows`]); version 1 kept a row per

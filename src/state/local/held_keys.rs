@@ -2,8 +2,8 @@
 //! ([`crate::geofence::HeldChange`]). Within a vehicle, key order is
 //! arrival order, which decides among fixes of the same time: each shard
 //! numbers its arrivals in a range of its own (so shards never give the
-//! same key, and each appends at the end of its range, which keeps the
-//! log's pages few and hot), and at start every restored held fix is
+//! same key, and a batch's arrivals are one run of keys, which is how the
+//! store finds the row a fix entered in), and at start every restored held fix is
 //! numbered again, in its window's order, in range 0, below every shard's
 //! range: it arrived before anything this process takes in. So a restart
 //! with another shard count, whose shards number in other ranges, keeps

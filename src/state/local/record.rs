@@ -11,7 +11,7 @@
 //! varint window count, each held fix as [`encode_held`] writes it.
 //!
 //! The window is written empty: a durable store keeps held fixes in a log
-//! of their own, one row per fix ([`crate::geofence::HeldChange`]), so
+//! of their own ([`crate::geofence::HeldChange`], [`super::held_batch`]), so
 //! that a fix that only waits does not rewrite its vehicle's record. A
 //! record written before that keeps its window; the backend moves it to
 //! the log at start.
