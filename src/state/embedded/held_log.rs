@@ -84,9 +84,7 @@ impl HeldLog {
     /// and the first key past it in its range that the row does not hold
     /// (the next row's first, or `new_first`, the new row's, if above).
     fn span_of(&self, key: u64, new_first: Option<u64>) -> (Option<usize>, u64) {
-        let range_end = (range_of(key) + 1)
-            .checked_shl(RANGE_BITS)
-            .unwrap_or(u64::MAX);
+        let range_end = (range_of(key) + 1).saturating_mul(1 << RANGE_BITS);
         let new_first = new_first.filter(|&f| f > key).unwrap_or(u64::MAX);
         let Some(rows) = self.ranges.get(&range_of(key)) else {
             return (None, range_end.min(new_first));

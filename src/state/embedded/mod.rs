@@ -270,7 +270,7 @@ impl EmbeddedStore {
     /// Returns the waiting fixes in key order.
     fn read_held(&mut self) -> Result<Vec<(VehicleId, HeldFix)>, ReadHeld> {
         let mut waiting = HashMap::new();
-        let mut last_id = 0;
+        let mut rows_read = false;
         {
             let mut stmt = self
                 .conn
@@ -278,7 +278,7 @@ impl EmbeddedStore {
             let mut rows = stmt.query([])?;
             while let Some(row) = rows.next()? {
                 let id = row.get::<_, i64>(0)?;
-                last_id = id;
+                rows_read = true;
                 let corrupt = |source| ReadHeld::Row { id, source };
                 let ValueRef::Blob(bytes) = row.get_ref(1)? else {
                     return Err(corrupt(HeldBytesError::NotBytes));
@@ -290,7 +290,8 @@ impl EmbeddedStore {
         held.sort_unstable_by_key(|(key, _)| *key);
         let keys: Vec<u64> = held.iter().map(|(key, _)| *key).collect();
         let held: Vec<(VehicleId, HeldFix)> = held.into_iter().map(|(_, h)| h).collect();
-        if last_id > 0 {
+        // Written back as row 1, the log's ids starting over.
+        if rows_read {
             let changes: Vec<HeldChange> = held
                 .iter()
                 .map(|(v, fix)| HeldChange::Held(v.clone(), *fix))
@@ -301,12 +302,12 @@ impl EmbeddedStore {
             if !changes.is_empty() {
                 tx.execute(
                     "INSERT INTO held_log (id, changes) VALUES (?1, ?2)",
-                    params![last_id + 1, bytes],
+                    params![1, bytes],
                 )?;
             }
             tx.commit()?;
         }
-        self.held = HeldLog::one_row(last_id + 1, &keys);
+        self.held = HeldLog::one_row(1, &keys);
         Ok(held)
     }
 
@@ -446,15 +447,29 @@ fn upgrade(tx: &Transaction, reset: bool) -> rusqlite::Result<i64> {
     if exists(tx, "table", "held")? {
         if !reset {
             // Version 3's row per fix becomes one row of the log, in key
-            // order; a fix's bytes move as they are (a damaged one is
-            // named when the log is read).
+            // order. A damaged fix (a key geogate never gives, bytes that
+            // are not a fix) fails the open, naming what it is.
             let mut bytes = Vec::new();
             let mut rows = tx.prepare("SELECT key, vehicle, fix FROM held ORDER BY key")?;
             let mut rows = rows.query([])?;
             while let Some(row) = rows.next()? {
+                let key = row.get::<_, i64>(0)?;
                 let vehicle: String = row.get(1)?;
                 let fix: Vec<u8> = row.get(2)?;
-                held_batch::put_entered(&mut bytes, row.get::<_, i64>(0)? as u64, &vehicle, &fix);
+                let damaged = |source: Box<dyn std::error::Error + Send + Sync>| {
+                    rusqlite::Error::FromSqlConversionFailure(
+                        2,
+                        rusqlite::types::Type::Blob,
+                        source,
+                    )
+                };
+                if key < 1 {
+                    return Err(damaged(
+                        format!("held fix of {vehicle:?} under key {key}").into(),
+                    ));
+                }
+                record::decode_held(&fix, key as u64).map_err(|e| damaged(Box::new(e)))?;
+                held_batch::put_entered(&mut bytes, key as u64, &vehicle, &fix);
             }
             if !bytes.is_empty() {
                 tx.execute("INSERT INTO held_log (id, changes) VALUES (1, ?1)", [bytes])?;
@@ -811,6 +826,26 @@ mod tests {
             )
             .unwrap();
         assert!(!held_table, "version 3's table is dropped");
+    }
+
+    /// A version 3 row that is not a fix fails the open, by name, and
+    /// leaves the file as it was.
+    #[test]
+    fn a_damaged_version_3_fix_fails_the_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = created_then_altered(
+            dir.path(),
+            "DROP TABLE held_log;
+             CREATE TABLE held (key INTEGER PRIMARY KEY, vehicle TEXT NOT NULL, fix BLOB NOT NULL);
+             INSERT INTO held VALUES (4, 'van7', x'0102');
+             UPDATE meta SET value = 3 WHERE key = 'schema';",
+        );
+        let error = EmbeddedStore::open(&config.embedded.path, &config)
+            .err()
+            .expect("a damaged fix is refused");
+        assert!(error.to_string().contains("record ends early"), "{error}");
+        let conn = Connection::open(&config.embedded.path).unwrap();
+        assert_eq!(schema_version(&conn), 3, "nothing was moved");
     }
 
     /// A commit's entries are one row; a confirmed run is pruned only as a
