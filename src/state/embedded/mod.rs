@@ -782,17 +782,26 @@ mod tests {
         assert!(recovered.vehicles.is_empty());
     }
 
+    /// A store created in `dir`, then made a version 3 file (a row per
+    /// held fix, in `held`) holding what `rows` inserts.
+    fn version_3_file(dir: &Path, rows: &str) -> StateConfig {
+        created_then_altered(
+            dir,
+            &format!(
+                "DROP TABLE held_log;
+                 CREATE TABLE held (key INTEGER PRIMARY KEY, vehicle TEXT NOT NULL, fix BLOB NOT NULL);
+                 {rows}
+                 UPDATE meta SET value = 3 WHERE key = 'schema';"
+            ),
+        )
+    }
+
     /// A version 3 file kept a row per held fix: they move to the log at
     /// open, in key order, and come back in their windows.
     #[test]
     fn a_version_3_file_opens_with_its_held_fixes() {
         let dir = tempfile::tempdir().unwrap();
-        let config = created_then_altered(
-            dir.path(),
-            "DROP TABLE held_log;
-             CREATE TABLE held (key INTEGER PRIMARY KEY, vehicle TEXT NOT NULL, fix BLOB NOT NULL);
-             UPDATE meta SET value = 3 WHERE key = 'schema';",
-        );
+        let config = version_3_file(dir.path(), "");
         let conn = Connection::open(&config.embedded.path).unwrap();
         for (key, vehicle) in [(7u64, "van7"), (3, "van7"), (5, "van8")] {
             conn.execute(
@@ -833,13 +842,7 @@ mod tests {
     #[test]
     fn a_damaged_version_3_fix_fails_the_open() {
         let dir = tempfile::tempdir().unwrap();
-        let config = created_then_altered(
-            dir.path(),
-            "DROP TABLE held_log;
-             CREATE TABLE held (key INTEGER PRIMARY KEY, vehicle TEXT NOT NULL, fix BLOB NOT NULL);
-             INSERT INTO held VALUES (4, 'van7', x'0102');
-             UPDATE meta SET value = 3 WHERE key = 'schema';",
-        );
+        let config = version_3_file(dir.path(), "INSERT INTO held VALUES (4, 'van7', x'0102');");
         let error = EmbeddedStore::open(&config.embedded.path, &config)
             .err()
             .expect("a damaged fix is refused");
