@@ -150,7 +150,36 @@ fn every_bad_input_gets_its_reason() {
         (
             "fleet/v/telemetry",
             br#"{"vehicle":"","ts":1700000000000,"lat":1,"lon":1}"#.to_vec(),
-            Reason::OutOfRange,
+            Reason::BadVehicleId,
+        ),
+        (
+            "fleet/v/telemetry",
+            br#"{"vehicle":"v\u0000","ts":1700000000000,"lat":1,"lon":1}"#.to_vec(),
+            Reason::BadVehicleId,
+        ),
+        (
+            "fleet/v/telemetry",
+            br#"{"vehicle":"v\u0085","ts":1700000000000,"lat":1,"lon":1}"#.to_vec(),
+            Reason::BadVehicleId,
+        ),
+        (
+            "fleet/v/telemetry",
+            br#"{"vehicle":"v\ufffe","ts":1700000000000,"lat":1,"lon":1}"#.to_vec(),
+            Reason::BadVehicleId,
+        ),
+        (
+            "fleet/v/telemetry",
+            br#"{"vehicle":"v#1","ts":1700000000000,"lat":1,"lon":1}"#.to_vec(),
+            Reason::BadVehicleId,
+        ),
+        (
+            "fleet/v/telemetry",
+            format!(
+                r#"{{"vehicle":"{}","ts":1700000000000,"lat":1,"lon":1}}"#,
+                "v".repeat(129)
+            )
+            .into_bytes(),
+            Reason::BadVehicleId,
         ),
         (
             "fleet/v/telemetry",

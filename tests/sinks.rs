@@ -236,3 +236,132 @@ fn a_dead_letter_directory_that_becomes_writable_again() {
     assert_eq!(records.len(), 35, "{records:?}");
     assert_eq!(payloads.len(), 35, "each record once");
 }
+
+/// The vehicles of `want` whose enter reaches the events broker within
+/// 60 s (all of them, or as many as came); `ready` is told once the
+/// subscription stands.
+async fn enters_published(
+    port: u16,
+    mut want: BTreeSet<String>,
+    ready: tokio::sync::oneshot::Sender<()>,
+) -> BTreeSet<String> {
+    use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+    let options = MqttOptions::new("enter-watch", "127.0.0.1", port);
+    let (client, mut events) = AsyncClient::new(options, 100);
+    client
+        .subscribe("geogate/events/#", QoS::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    let mut ready = Some(ready);
+    let mut seen = BTreeSet::new();
+    let watch = async {
+        while !want.is_empty() {
+            match events.poll().await {
+                Ok(Event::Incoming(Packet::SubAck(_))) => {
+                    if let Some(r) = ready.take() {
+                        let _ = r.send(());
+                    }
+                }
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    let event: serde_json::Value =
+                        serde_json::from_slice(&p.payload).unwrap_or_default();
+                    if event["event"] == "enter"
+                        && let Some(v) = event["vehicle"].as_str()
+                        && want.remove(v)
+                    {
+                        seen.insert(v.to_owned());
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(60), watch).await;
+    seen
+}
+
+/// A vehicle id with a control character or a noncharacter used to wedge
+/// publishing: the broker drops the connection that publishes such a
+/// topic, and the client sends that publish again after every reconnect.
+/// Each class of bad id is now refused at decode, one `bad_vehicle_id`
+/// record each; the events connection is never dropped, and the enters of
+/// the good vehicles sent after them all reach the events broker.
+#[test]
+fn bad_vehicle_ids_are_refused_and_events_keep_flowing() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let good: BTreeSet<String> = (0..20).map(|i| format!("good{i}")).collect();
+    let (ready_tx, ready) = tokio::sync::oneshot::channel();
+    let watch = runtime.spawn(enters_published(broker.port, good.clone(), ready_tx));
+    runtime.block_on(ready).expect("watcher subscribed");
+    let setup = support::geogate::Setup {
+        events_mqtt: true,
+        ..setup(broker.port, "bad-ids", "")
+    };
+    let mut geogate = GeogateProcess::start(dir.path(), &setup);
+    let long = "v".repeat(129);
+    let bad = [
+        "v\u{0}",
+        "v\u{1}",
+        "v\n",
+        "v\u{7f}",
+        "v\u{85}",
+        "v\u{fdd0}",
+        "v\u{fffe}",
+        "v\u{ffff}",
+        "v\u{1fffe}",
+        "v+1",
+        "v#1",
+        "",
+        &long,
+    ];
+    // Inside fence A: each would enter it, and its transition be published.
+    let fix = |vehicle: &str| -> Message {
+        let payload = serde_json::json!({
+            "vehicle": vehicle, "ts": support::geogate::CROSSING_T0,
+            "lat": 50.005, "lon": 10.005, "speed_kmh": 40.0, "kind": "move",
+        });
+        (
+            "fleet/x/telemetry".to_owned(),
+            serde_json::to_vec(&payload).unwrap(),
+        )
+    };
+    let mut messages: Vec<Message> = bad.iter().map(|v| fix(v)).collect();
+    messages.extend(good.iter().map(|v| fix(v)));
+    runtime.block_on(publish_all(broker.port, &messages, None));
+    let published = runtime.block_on(watch).unwrap();
+    let missing: Vec<_> = good.difference(&published).collect();
+    assert!(
+        missing.is_empty(),
+        "enters never published: {missing:?}\n{}",
+        log(dir.path())
+    );
+    // Every bad id's fix came before the good ones: had any been
+    // published, the broker would have dropped the connection by now.
+    assert!(
+        !log(dir.path()).contains("events connection:"),
+        "the events connection was dropped: {}",
+        log(dir.path())
+    );
+    let refused = || {
+        read_ndjson_so_far(&dir.path().join("dead-letter.ndjson"))
+            .into_iter()
+            .filter(|r| r["reason"] == "bad_vehicle_id")
+            .count()
+    };
+    wait_until(30, "every bad id dead-lettered", || refused() == bad.len());
+    let events = read_ndjson(&dir.path().join("events.ndjson"));
+    assert!(
+        events
+            .iter()
+            .all(|e| e["vehicle"].as_str().is_some_and(|v| good.contains(v))),
+        "only the good vehicles made transitions: {events:?}"
+    );
+    let (ok, stdout) = geogate.stop();
+    assert!(ok, "{stdout}");
+}

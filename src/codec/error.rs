@@ -17,6 +17,9 @@ pub enum Reason {
     /// The fix is dated further ahead of its receive time than
     /// `codec.max_clock_ahead_s`.
     ClockAhead,
+    /// The vehicle id is outside the form ids take
+    /// ([`crate::model::check_vehicle_id`]).
+    BadVehicleId,
     /// An OwnTracks message that is not a location: ignored, not refused.
     NotALocation,
     /// An empty payload, clearing a retained message: ignored.
@@ -24,7 +27,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub const ALL: [Reason; 11] = [
+    pub const ALL: [Reason; 12] = [
         Reason::MalformedJson,
         Reason::MissingField,
         Reason::WrongType,
@@ -34,6 +37,7 @@ impl Reason {
         Reason::UnknownFormat,
         Reason::Duplicate,
         Reason::ClockAhead,
+        Reason::BadVehicleId,
         Reason::NotALocation,
         Reason::RetainedClear,
     ];
@@ -61,6 +65,7 @@ impl Reason {
             Reason::UnknownFormat => "unknown_format",
             Reason::Duplicate => "duplicate",
             Reason::ClockAhead => "clock_ahead",
+            Reason::BadVehicleId => "bad_vehicle_id",
             Reason::NotALocation => "not_a_location",
             Reason::RetainedClear => "retained_clear",
         }

@@ -29,7 +29,7 @@ pub use dedup::Dedup;
 pub use error::{DecodeError, Reason};
 pub use topic::TopicPattern;
 
-use crate::model::{Priority, Telemetry, VehicleId};
+use crate::model::{Priority, Telemetry, VehicleId, check_vehicle_id};
 use loose::Loose;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
@@ -38,8 +38,6 @@ use std::borrow::Cow;
 /// fixed bounds (not "now ± x") keep replays deterministic.
 pub const MIN_FIX_MS: i64 = 946_684_800_000;
 pub const MAX_FIX_MS: i64 = 4_102_444_800_000;
-/// Longest vehicle id accepted, in bytes.
-pub const MAX_VEHICLE_LEN: usize = 128;
 
 /// How payloads are read and prioritised; the `[codec]` config table.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -432,15 +430,7 @@ fn text<'a>(value: Option<Loose<'a>>, field: &str) -> Result<Cow<'a, str>, Decod
 
 /// Checked, then copied once into the id (inline up to 23 bytes).
 fn vehicle_id(id: &str) -> Result<VehicleId, DecodeError> {
-    if id.is_empty() || id.len() > MAX_VEHICLE_LEN {
-        return Err(DecodeError::new(
-            Reason::OutOfRange,
-            format!(
-                "vehicle id must be 1..={MAX_VEHICLE_LEN} bytes, got {}",
-                id.len()
-            ),
-        ));
-    }
+    check_vehicle_id(id).map_err(|e| DecodeError::new(Reason::BadVehicleId, e.to_string()))?;
     Ok(VehicleId::from(id))
 }
 
