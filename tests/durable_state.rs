@@ -510,3 +510,85 @@ fn a_restart_without_a_fence_then_its_reload_and_a_sigkill_keeps_the_membership_
         vec![t("a", "A", "enter", 0), t("a", "A", "enter", 1)]
     );
 }
+
+/// What a power loss under `fsync = "flush"` can leave: the state (its
+/// log written within milliseconds) kept, the events file's unsynced
+/// tail gone, though the outbox was already pruned against it. geogate is
+/// SIGKILLed and the file cut back to an earlier line, as a reset leaves
+/// it. The restart refuses, naming the file and the seqs it lacks; with
+/// `--accept-events-gap` it goes on, and numbers on without repeating a
+/// seq.
+#[test]
+fn an_events_file_cut_behind_what_was_pruned_is_refused_not_a_silent_gap() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut geogate = start(dir.path(), broker.port, "events-gap", None);
+    let first = fleet(0..FIXES / 2);
+    runtime.block_on(publish_all(broker.port, &first, None));
+    geogate.wait_processed(first.len() as f64, 60);
+    let windows_empty = |g: &GeogateProcess| g.metric("geogate_reorder_window_fixes") == 0.0;
+    support::geogate::wait_until(30, "the first half out of its windows", || {
+        windows_empty(&geogate)
+    });
+    // Later commits prune what the first made, once the file has it.
+    let second = fleet(FIXES / 2..FIXES);
+    runtime.block_on(publish_all(broker.port, &second, None));
+    geogate.wait_processed((first.len() + second.len()) as f64, 60);
+    support::geogate::wait_until(30, "the second half out of its windows", || {
+        windows_empty(&geogate)
+    });
+    let written = events_of(dir.path());
+    assert!(
+        written.len() > 40,
+        "the fleet makes transitions: {}",
+        written.len()
+    );
+    geogate.kill();
+
+    // The tail a reset loses: the file ends after its tenth line.
+    let path = dir.path().join("events.ndjson");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let kept: String = text.split_inclusive('\n').take(10).collect();
+    std::fs::write(&path, &kept).unwrap();
+    let kept_seq = written[9]["seq"].as_u64().expect("a seq");
+    geogate.restart_refused();
+    let (status, log) = geogate.wait_refused();
+    assert!(!status.success(), "{log}");
+    let said = format!(
+        "events file {} ends at seq {kept_seq}, but the state already let go of transitions {}..=",
+        path.display(),
+        kept_seq + 1
+    );
+    assert!(log.contains(&said), "{log}");
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        kept,
+        "a refused start writes nothing"
+    );
+
+    geogate.set_args(&["--accept-events-gap"]);
+    geogate.restart();
+    let more = fleet(FIXES..FIXES + 4);
+    runtime.block_on(publish_all(broker.port, &more, None));
+    geogate.wait_processed(more.len() as f64, 60);
+    let (ok, stdout) = geogate.stop();
+    assert!(ok, "{stdout}");
+    let seqs: Vec<u64> = events_of(dir.path())
+        .iter()
+        .map(|e| e["seq"].as_u64().expect("a seq"))
+        .collect();
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "seqs rise, none repeated: {seqs:?}"
+    );
+    assert!(seqs.len() > 10, "it went on: {seqs:?}");
+    assert!(
+        std::fs::read_to_string(dir.path().join("stderr.log"))
+            .unwrap_or_default()
+            .contains("going on without them (--accept-events-gap)")
+    );
+}

@@ -44,6 +44,10 @@ pub struct StateConfig {
     /// Start from no state even if the file holds some (`--reset-state`);
     /// never read from the file, so a reset is always explicit.
     pub reset: bool,
+    /// Start even though the events file lacks transitions the store has
+    /// already pruned (`--accept-events-gap`): they are lost, and this
+    /// says so. Never read from the file, like `reset`.
+    pub accept_events_gap: bool,
     pub embedded: EmbeddedConfig,
     pub redis: RedisConfig,
     /// The backend-specific keys the file set, to refuse those the chosen
@@ -57,6 +61,7 @@ impl Default for StateConfig {
             backend: StateBackend::Embedded,
             fsync: FsyncPolicy::Flush,
             reset: false,
+            accept_events_gap: false,
             embedded: EmbeddedConfig::default(),
             redis: RedisConfig::default(),
             written: Vec::new(),

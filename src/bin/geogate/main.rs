@@ -58,6 +58,12 @@ enum Command {
         /// a missing or stale state file is otherwise an error.
         #[arg(long)]
         reset_state: bool,
+        /// Start even though the events file lacks transitions the state
+        /// already let go of (lost with the file's unsynced tail after a
+        /// power loss, or with the file): they stay lost, and the log says
+        /// which. Without it such a start is refused, naming them.
+        #[arg(long)]
+        accept_events_gap: bool,
     },
     /// The whole product in one command: embedded broker, pipeline, the
     /// bundled shift-change capture, live progress and an HTML report.
@@ -260,7 +266,8 @@ fn main() -> Result<ExitCode> {
             config,
             embedded_broker,
             reset_state,
-        } => run(config, embedded_broker, reset_state),
+            accept_events_gap,
+        } => run(config, embedded_broker, reset_state, accept_events_gap),
         Command::Demo { config } => commands::demo(config),
         Command::Record {
             mqtt,
@@ -381,7 +388,12 @@ fn fences_check(file: PathBuf, format: Format) -> Result<ExitCode> {
     }
 }
 
-fn run(config_path: Option<PathBuf>, embedded_broker: bool, reset_state: bool) -> Result<ExitCode> {
+fn run(
+    config_path: Option<PathBuf>,
+    embedded_broker: bool,
+    reset_state: bool,
+    accept_events_gap: bool,
+) -> Result<ExitCode> {
     use geogate::config::Config;
     let Some(config_path) = config_path else {
         eprintln!(
@@ -418,6 +430,7 @@ fn run(config_path: Option<PathBuf>, embedded_broker: bool, reset_state: bool) -
         return Ok(ExitCode::from(2));
     }
     config.state.reset = reset_state;
+    config.state.accept_events_gap = accept_events_gap;
     let runtime = geogate::runtime::builder(config.pipeline.sched_batch).build()?;
     runtime.block_on(async move {
         // Listening before anything starts: see `shutdown_signal`.

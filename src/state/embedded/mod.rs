@@ -21,7 +21,9 @@ pub use error::EmbeddedError;
 use super::StateError;
 use super::local::held_batch::{self, HeldBatch, HeldBytesError};
 use super::local::record;
-use super::local::store::{CommitBatch, Opened, Recovered, Store, read_tail, with_held};
+use super::local::store::{
+    CommitBatch, NO_FILE_CURSOR, Opened, Recovered, Store, read_tail, with_held,
+};
 use crate::crash_point;
 use crate::delivery::outbox::OutboxEntry;
 use crate::geofence::{HeldChange, HeldFix};
@@ -91,6 +93,31 @@ pub fn open(config: &StateConfig, events: Option<&Path>) -> Result<Opened, State
         }));
     }
     let file_seq = tail.last_seq.unwrap_or(0);
+    // Every transition the outbox no longer holds was in the events file
+    // when it was pruned: one that is not there now was lost with the
+    // file's unsynced tail (a power loss or host reset under fsync =
+    // "flush"), or with the file itself. Going on would leave a silent gap.
+    let kept_from = recovered
+        .outbox
+        .first()
+        .map_or(recovered.next_seq, |e| e.seq);
+    let pruned_through = recovered.file_cursor.min(kept_from.saturating_sub(1));
+    if let Some(events) = events
+        && recovered.file_cursor != NO_FILE_CURSOR
+        && !recovered.created
+        && pruned_through > file_seq
+    {
+        let gap = EmbeddedError::EventsGap {
+            path: events.to_owned(),
+            file_seq,
+            first: file_seq + 1,
+            last: pruned_through,
+        };
+        if !config.accept_events_gap {
+            return Err(StateError::from(gap));
+        }
+        tracing::warn!("{gap}; going on without them (--accept-events-gap)");
+    }
     if file_seq > store_seq {
         if !recovered.created {
             return Err(StateError::from(EmbeddedError::Behind {
@@ -169,7 +196,8 @@ impl EmbeddedStore {
             tx.execute_batch(
                 "DELETE FROM vehicle; DELETE FROM held_log; DELETE FROM outbox_commit;
                  UPDATE meta SET value = 1 WHERE key = 'next_seq';
-                 UPDATE meta SET value = 0 WHERE key = 'mqtt_cursor';",
+                 UPDATE meta SET value = 0 WHERE key = 'mqtt_cursor';
+                 UPDATE meta SET value = 9223372036854775807 WHERE key = 'file_cursor';",
             )
             .map_err(sql)?;
             created = true;
@@ -202,6 +230,7 @@ impl EmbeddedStore {
         };
         let next_seq = meta("next_seq")?.max(1);
         let mqtt_cursor = meta("mqtt_cursor")?;
+        let file_cursor = meta("file_cursor")?;
         let mut vehicles = Vec::new();
         let mut stmt = self
             .conn
@@ -261,6 +290,7 @@ impl EmbeddedStore {
             outbox,
             next_seq,
             mqtt_cursor,
+            file_cursor,
             created,
         })
     }
@@ -340,6 +370,7 @@ impl EmbeddedStore {
                 "mqtt_cursor",
                 batch.mqtt_cursor.min(i64::MAX as u64) as i64
             ])?;
+            set.execute(params!["file_cursor", stored(batch.file_cursor)])?;
             let confirmed = batch
                 .file_cursor
                 .min(batch.mqtt_cursor)
@@ -425,8 +456,8 @@ fn upgrade(tx: &Transaction, reset: bool) -> rusqlite::Result<i64> {
     }
     tx.execute_batch(SCHEMA)?;
     tx.execute(
-        "INSERT OR IGNORE INTO meta VALUES ('schema', ?1), ('next_seq', 1), ('mqtt_cursor', 0)",
-        [SCHEMA_VERSION],
+        "INSERT OR IGNORE INTO meta VALUES ('schema', ?1), ('next_seq', 1), ('mqtt_cursor', 0), ('file_cursor', ?2)",
+        params![SCHEMA_VERSION, stored(NO_FILE_CURSOR)],
     )?;
     if exists(tx, "table", "outbox")? {
         if !reset {

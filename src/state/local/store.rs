@@ -52,9 +52,17 @@ pub struct Recovered {
     pub outbox: Vec<OutboxEntry>,
     pub next_seq: u64,
     pub mqtt_cursor: u64,
+    /// The seq up to which the events file held every transition when the
+    /// store last committed: the outbox was pruned against it.
+    /// [`NO_FILE_CURSOR`] when no events file was written (or the store
+    /// predates the record).
+    pub file_cursor: u64,
     /// The store was created by this start (first run or reset).
     pub created: bool,
 }
+
+/// [`Recovered::file_cursor`] when no events file's position is known.
+pub const NO_FILE_CURSOR: u64 = i64::MAX as u64;
 
 /// Puts each held fix from the log into its vehicle's window, in
 /// fix-time order and arrival order among equals, which is key order
