@@ -5,7 +5,11 @@
 //! * **File: exactly once.** Lines are written in seq order and skipped at
 //!   or below the file's last seq, which is read from the file itself at
 //!   start ([`super::events_file`]): a crash between a write and its cursor
-//!   cannot write a line twice, and one mid-write cannot skip one.
+//!   cannot write a line twice, and one mid-write cannot skip one. The
+//!   file's cursor, which the store prunes its outbox against, is the last
+//!   seq synced to disk (every write under `always`, about once a second
+//!   under `flush`): what a power loss takes from the file's tail is still
+//!   in the outbox, and written again at the restart.
 //! * **MQTT: at least once.** The publisher's cursor moves only when the
 //!   broker has acked every publish so far; after a crash everything past
 //!   it is sent again, with the same `id`. Publishing runs apart from the
@@ -24,6 +28,7 @@ use crate::crash_point;
 use crate::shutdown::Drain;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
 use tokio::sync::mpsc;
 
 /// One commit's entries, and what to run once the file holds them.
@@ -58,10 +63,12 @@ impl Relay {
                 break;
             }
         }
-        if let Some(file) = &mut self.file
-            && let Err(e) = file.sync()
-        {
-            tracing::error!("events file {}: {e}", file.path().display());
+        if let Some(file) = &mut self.file {
+            match file.sync() {
+                // The committer's last commit records it.
+                Ok(()) => self.cursors.file.store(file.synced_seq(), Relaxed),
+                Err(e) => tracing::error!("events file {}: {e}", file.path().display()),
+            }
         }
     }
 
@@ -77,7 +84,15 @@ impl Relay {
             }
             if file.last_seq() > before {
                 crash_point::reached("relay.before_cursor");
-                self.cursors.file.store(file.last_seq(), Relaxed);
+                if let Err(e) = file.sync_if_due(Instant::now()) {
+                    // The outbox keeps what is not synced; the next sync
+                    // tries again.
+                    tracing::warn!("events file {}: syncing: {e}", file.path().display());
+                }
+                if file.synced_seq() < file.last_seq() {
+                    crash_point::reached("relay.unsynced");
+                }
+                self.cursors.file.store(file.synced_seq(), Relaxed);
             }
         }
         if let Some(then) = then {

@@ -12,6 +12,7 @@ use crate::sink::config::FsyncPolicy;
 use crate::sink::health::SinkHealth;
 use std::io;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 pub struct EventsWriter {
     file: AppendFile,
@@ -19,7 +20,18 @@ pub struct EventsWriter {
     fsync: FsyncPolicy,
     /// The last seq the file holds.
     last_seq: u64,
+    /// The last seq known to be on disk, and when the file was last
+    /// synced: the store prunes its outbox only up to it, so that what a
+    /// power loss takes from the file's tail under `flush` is still in the
+    /// outbox, and written again at the restart.
+    synced_seq: u64,
+    last_sync: Instant,
 }
+
+/// How often, at most, the file is synced under `fsync = "flush"`: the
+/// outbox keeps up to about this much more, and the file costs one sync
+/// per interval while lines arrive.
+const SYNC_EVERY: Duration = Duration::from_secs(1);
 
 impl EventsWriter {
     /// Opens `path` for appending; `last_seq` is the seq on its last line
@@ -30,11 +42,22 @@ impl EventsWriter {
         last_seq: u64,
         held: &'static str,
     ) -> io::Result<Self> {
+        let mut file = AppendFile::open(path)?;
+        // What an earlier process wrote may not be on disk yet: known to
+        // be once this sync works (a file that cannot sync yet counts as
+        // holding nothing synced, so the outbox keeps everything).
+        let synced_seq = if file.sync_data().is_ok() {
+            last_seq
+        } else {
+            0
+        };
         Ok(Self {
-            file: AppendFile::open(path)?,
+            file,
             health: SinkHealth::new("events", path, held),
             fsync,
             last_seq,
+            synced_seq,
+            last_sync: Instant::now(),
         })
     }
 
@@ -45,6 +68,20 @@ impl EventsWriter {
     /// The last seq the file holds.
     pub fn last_seq(&self) -> u64 {
         self.last_seq
+    }
+
+    /// The last seq known to be on disk.
+    pub fn synced_seq(&self) -> u64 {
+        self.synced_seq
+    }
+
+    /// Under `flush`, syncs what was written if the last sync is
+    /// [`SYNC_EVERY`] old (under `always` every write is synced already).
+    pub fn sync_if_due(&mut self, now: Instant) -> io::Result<()> {
+        if self.synced_seq == self.last_seq || now.duration_since(self.last_sync) < SYNC_EVERY {
+            return Ok(());
+        }
+        self.sync()
     }
 
     /// Writes the entries past the file's last seq, as the fsync policy
@@ -85,11 +122,17 @@ impl EventsWriter {
             return false;
         }
         self.last_seq = last;
+        if fsync == FsyncPolicy::Always {
+            self.synced_seq = last;
+        }
         true
     }
 
-    /// Syncs what was written (at shutdown).
+    /// Syncs what was written.
     pub fn sync(&mut self) -> io::Result<()> {
-        self.file.sync_data()
+        self.file.sync_data()?;
+        self.synced_seq = self.last_seq;
+        self.last_sync = Instant::now();
+        Ok(())
     }
 }
