@@ -84,7 +84,7 @@ impl Relay {
             }
             if file.last_seq() > before {
                 crash_point::reached("relay.before_cursor");
-                if let Err(e) = file.sync_if_due(Instant::now()) {
+                if let Err(e) = file.sync_if_due(Instant::now()).await {
                     // The outbox keeps what is not synced; the next sync
                     // tries again.
                     tracing::warn!("events file {}: syncing: {e}", file.path().display());

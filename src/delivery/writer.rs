@@ -77,11 +77,20 @@ impl EventsWriter {
 
     /// Under `flush`, syncs what was written if the last sync is
     /// [`SYNC_EVERY`] old (under `always` every write is synced already).
-    pub fn sync_if_due(&mut self, now: Instant) -> io::Result<()> {
+    /// On a blocking thread: a second's lines can take a while to reach
+    /// the disk, and the runtime's threads run the shards meanwhile.
+    pub async fn sync_if_due(&mut self, now: Instant) -> io::Result<()> {
         if self.synced_seq == self.last_seq || now.duration_since(self.last_sync) < SYNC_EVERY {
             return Ok(());
         }
-        self.sync()
+        let handle = self.file.sync_handle()?;
+        let upto = self.last_seq;
+        tokio::task::spawn_blocking(move || handle.sync_data())
+            .await
+            .map_err(io::Error::other)??;
+        self.synced_seq = upto;
+        self.last_sync = Instant::now();
+        Ok(())
     }
 
     /// Writes the entries past the file's last seq, as the fsync policy

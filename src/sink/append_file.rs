@@ -115,6 +115,11 @@ impl AppendFile {
         result
     }
 
+    /// A second handle on the open file, for syncing it on another thread.
+    pub fn sync_handle(&mut self) -> io::Result<File> {
+        self.file()?.try_clone()
+    }
+
     /// Moves the file to `to` and starts a new one at the path.
     pub fn rotate(&mut self, to: &Path) -> io::Result<()> {
         self.file()?.sync_all()?;
