@@ -85,9 +85,12 @@ impl Relay {
             if file.last_seq() > before {
                 crash_point::reached("relay.before_cursor");
                 if let Err(e) = file.sync_if_due(Instant::now()).await {
-                    // The outbox keeps what is not synced; the next sync
-                    // tries again.
-                    tracing::warn!("events file {}: syncing: {e}", file.path().display());
+                    // The outbox keeps everything from here on.
+                    tracing::error!(
+                        "events file {}: syncing failed ({e}); the state keeps every transition from seq {} on",
+                        file.path().display(),
+                        file.synced_seq() + 1
+                    );
                 }
                 if file.synced_seq() < file.last_seq() {
                     crash_point::reached("relay.unsynced");

@@ -26,6 +26,12 @@ pub struct EventsWriter {
     /// outbox, and written again at the restart.
     synced_seq: u64,
     last_sync: Instant,
+    /// Set once a sync has failed: the kernel reports a lost write-back
+    /// once, so a later sync that works proves nothing about the lines
+    /// before it, and the cursor stays where it was for this process's
+    /// life (the outbox keeps the rest; writing them again after such a
+    /// failure is not built yet).
+    sync_failed: bool,
 }
 
 /// How often, at most, the file is synced under `fsync = "flush"`: the
@@ -58,6 +64,7 @@ impl EventsWriter {
             last_seq,
             synced_seq,
             last_sync: Instant::now(),
+            sync_failed: false,
         })
     }
 
@@ -80,17 +87,25 @@ impl EventsWriter {
     /// On a blocking thread: a second's lines can take a while to reach
     /// the disk, and the runtime's threads run the shards meanwhile.
     pub async fn sync_if_due(&mut self, now: Instant) -> io::Result<()> {
-        if self.synced_seq == self.last_seq || now.duration_since(self.last_sync) < SYNC_EVERY {
+        if self.sync_failed
+            || self.synced_seq == self.last_seq
+            || now.duration_since(self.last_sync) < SYNC_EVERY
+        {
             return Ok(());
         }
-        let handle = self.file.sync_handle()?;
+        self.last_sync = now;
         let upto = self.last_seq;
-        tokio::task::spawn_blocking(move || handle.sync_data())
-            .await
-            .map_err(io::Error::other)??;
-        self.synced_seq = upto;
-        self.last_sync = Instant::now();
-        Ok(())
+        let synced = match self.file.sync_handle() {
+            Ok(handle) => tokio::task::spawn_blocking(move || handle.sync_data())
+                .await
+                .unwrap_or_else(|e| Err(io::Error::other(e))),
+            Err(e) => Err(e),
+        };
+        match synced {
+            Ok(()) => self.synced_seq = upto,
+            Err(_) => self.sync_failed = true,
+        }
+        synced
     }
 
     /// Writes the entries past the file's last seq, as the fsync policy
@@ -139,8 +154,13 @@ impl EventsWriter {
 
     /// Syncs what was written.
     pub fn sync(&mut self) -> io::Result<()> {
-        self.file.sync_data()?;
-        self.synced_seq = self.last_seq;
+        if let Err(e) = self.file.sync_data() {
+            self.sync_failed = true;
+            return Err(e);
+        }
+        if !self.sync_failed {
+            self.synced_seq = self.last_seq;
+        }
         self.last_sync = Instant::now();
         Ok(())
     }

@@ -4,7 +4,7 @@
 //! the file's last line.
 
 use super::StateError;
-use super::local::store::{CommitBatch, Opened, Recovered, Store, read_tail};
+use super::local::store::{CommitBatch, NO_FILE_CURSOR, Opened, Recovered, Store, read_tail};
 use std::path::Path;
 
 /// Keeps nothing.
@@ -29,6 +29,7 @@ pub fn open(events: Option<&Path>) -> Result<Opened, StateError> {
         store: Box::new(MemoryStore),
         recovered: Recovered {
             next_seq: tail.last_seq.unwrap_or(0) + 1,
+            file_cursor: NO_FILE_CURSOR,
             created: true,
             ..Recovered::default()
         },

@@ -59,9 +59,9 @@ enum Command {
         #[arg(long)]
         reset_state: bool,
         /// Start even though the events file lacks transitions the state
-        /// already let go of (lost with the file's unsynced tail after a
-        /// power loss, or with the file): they stay lost, and the log says
-        /// which. Without it such a start is refused, naming them.
+        /// already let go of (the file truncated, replaced or restored
+        /// from an older copy): they stay lost, and the log says which.
+        /// Without it such a start is refused, naming them.
         #[arg(long)]
         accept_events_gap: bool,
     },

@@ -32,7 +32,7 @@ pub enum EmbeddedError {
         file_seq: u64,
     },
     #[error(
-        "events file {path} ends at seq {file_seq}, but the state already let go of transitions {first}..={last}, which were in it: they were lost with the file's unsynced tail (a power loss or host reset under fsync = \"flush\") or with the file itself (truncated, replaced). Restore the file, or its copy downstream, and start again; to go on without those transitions, start once with --accept-events-gap. fsync = \"always\" makes every line survive a power loss"
+        "events file {path} ends at seq {file_seq}, but the state already let go of transitions {first}..={last}, which were in it: the file was truncated, replaced or restored from an older copy. Restore the file, or its copy downstream, and start again; to go on without those transitions, start once with --accept-events-gap"
     )]
     EventsGap {
         path: PathBuf,
@@ -41,7 +41,7 @@ pub enum EmbeddedError {
         last: u64,
     },
     #[error(
-        "events file {path} has lines but none with a seq near its end, while the state has written {store_seq} transitions: it is not the file this state wrote to. Point events.path at that file, or move this one aside"
+        "events file {path} has lines but none with a seq near its end, while the state has written {store_seq} transitions: it is not the file this state wrote to. Point events.path at that file; or move this one aside and start once with --accept-events-gap, which names the transitions the new file will lack"
     )]
     EventsWithoutSeq { path: PathBuf, store_seq: u64 },
     #[error("state file {path}: vehicle {vehicle:?}: {source}")]

@@ -83,7 +83,10 @@ impl LocalBackend {
         let durable = store.durable();
         // A destination that is not configured never holds the outbox back.
         let cursors = Arc::new(Cursors {
-            file: AtomicU64::new(events.map_or(u64::MAX, |_| file_seq)),
+            // No further than the file held on disk at the last commit:
+            // its tail may not be synced yet (the writer syncs it once it
+            // opens, and the relay moves the cursor on).
+            file: AtomicU64::new(events.map_or(u64::MAX, |_| file_seq.min(recovered.file_cursor))),
             mqtt: AtomicU64::new(
                 // Stored as "all" while no broker was configured: one
                 // configured since then starts after what is committed,
