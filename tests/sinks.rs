@@ -245,13 +245,8 @@ async fn enters_published(
     mut want: BTreeSet<String>,
     ready: tokio::sync::oneshot::Sender<()>,
 ) -> BTreeSet<String> {
-    use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
-    let options = MqttOptions::new("enter-watch", "127.0.0.1", port);
-    let (client, mut events) = AsyncClient::new(options, 100);
-    client
-        .subscribe("geogate/events/#", QoS::AtLeastOnce)
-        .await
-        .expect("subscribe");
+    use rumqttc::{Event, Packet};
+    let (_client, mut events) = support::geogate::subscribe_to_events(port, "enter-watch").await;
     let mut ready = Some(ready);
     let mut seen = BTreeSet::new();
     let watch = async {

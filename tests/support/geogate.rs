@@ -607,6 +607,19 @@ pub async fn collect(
 /// it waits for, so a collector knows everything before it has arrived.
 pub const END_OF_TEST: &str = "geogate/events/~end-of-test";
 
+/// A client subscribing to every topic geogate publishes events on (the
+/// SUBACK comes through the event loop). Keep the client while polling.
+pub async fn subscribe_to_events(port: u16, client_id: &str) -> (AsyncClient, rumqttc::EventLoop) {
+    let mut options = MqttOptions::new(client_id, "127.0.0.1", port);
+    options.set_keep_alive(Duration::from_secs(10));
+    let (client, events) = AsyncClient::new(options, 100);
+    client
+        .subscribe("geogate/events/#", QoS::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    (client, events)
+}
+
 /// Subscribes to geogate's events and keeps every copy with the moment it
 /// arrived, until [`END_OF_TEST`] comes, or 60 s pass with no event (a
 /// test may take a while before its events start), or 10 minutes in all.
@@ -615,13 +628,7 @@ pub async fn collect_events_until_end(
     client_id: &str,
     ready: tokio::sync::oneshot::Sender<()>,
 ) -> Vec<(std::time::Instant, serde_json::Value)> {
-    let mut options = MqttOptions::new(client_id, "127.0.0.1", port);
-    options.set_keep_alive(Duration::from_secs(10));
-    let (client, mut events) = AsyncClient::new(options, 100);
-    client
-        .subscribe("geogate/events/#", QoS::AtLeastOnce)
-        .await
-        .expect("subscribe");
+    let (_client, mut events) = subscribe_to_events(port, client_id).await;
     let mut ready = Some(ready);
     let mut got = Vec::new();
     const QUIET: Duration = Duration::from_secs(60);

@@ -42,20 +42,6 @@ pub struct HeldPlan {
 }
 
 impl HeldLog {
-    /// A log whose rows, ids from `first_id` on, hold `waiting` fixes each,
-    /// with keys from `ranges` (as [`HeldLog::ranges`] keeps them).
-    pub fn new(
-        first_id: i64,
-        waiting: VecDeque<usize>,
-        ranges: HashMap<u64, VecDeque<(u64, i64)>>,
-    ) -> Self {
-        Self {
-            first_id,
-            waiting,
-            ranges,
-        }
-    }
-
     /// The log after one row of the fixes `keys` (ascending) as row
     /// `id`: what a store compacted at open holds.
     pub fn one_row(id: i64, keys: &[u64]) -> Self {
@@ -66,13 +52,17 @@ impl HeldLog {
                 rows.push_back((key, id));
             }
         }
-        let waiting = if keys.is_empty() {
-            VecDeque::new()
+        // An empty log's next row takes id + 1, as after row `id`.
+        let (first_id, waiting) = if keys.is_empty() {
+            (id + 1, VecDeque::new())
         } else {
-            VecDeque::from([keys.len()])
+            (id, VecDeque::from([keys.len()]))
         };
-        let first_id = if keys.is_empty() { id + 1 } else { id };
-        Self::new(first_id, waiting, ranges)
+        Self {
+            first_id,
+            waiting,
+            ranges,
+        }
     }
 
     /// The id the next row takes.
@@ -196,7 +186,8 @@ impl HeldLog {
     }
 
     /// Rows kept.
-    pub fn rows(&self) -> usize {
+    #[cfg(test)]
+    fn rows(&self) -> usize {
         self.waiting.len()
     }
 }
