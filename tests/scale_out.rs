@@ -56,6 +56,8 @@ struct Role<'a> {
     crash_point: Option<&'a str>,
     /// It also publishes transitions over MQTT.
     events_mqtt: bool,
+    /// Its events file's write-back modelled by the sync shim.
+    shim: Option<&'a Path>,
 }
 
 const MEMBER: Role<'static> = Role {
@@ -63,6 +65,7 @@ const MEMBER: Role<'static> = Role {
     claim_idle_s: 60.0,
     crash_point: None,
     events_mqtt: false,
+    shim: None,
 };
 
 /// An instance with its state at `urls` (several: a Cluster's seeds).
@@ -93,6 +96,13 @@ fn launch(dir: &Path, broker: u16, urls: &[String], id: &str, role: Role) -> Geo
             // Started anew with the point set (a kill clears it).
             geogate.kill();
             geogate.set_crash_point(Some(point));
+            if let Some(shim) = role.shim {
+                geogate.set_env("LD_PRELOAD", &shim.display().to_string());
+                geogate.set_env(
+                    "SYNC_SHIM_FILE",
+                    &dir.join("events.ndjson").display().to_string(),
+                );
+            }
             geogate.restart();
         }
         None => geogate.wait_for_log("subscribed", 1),
@@ -303,6 +313,52 @@ fn a_sigkilled_instance_restarts_and_nothing_is_lost_or_repeated() {
         &dirs,
         &s.want,
         "with three SIGKILLs",
+    );
+}
+
+/// A power loss under `fsync = "flush"`: an instance is SIGKILLed with
+/// lines written and not yet synced, and its events file cut back to its
+/// last sync (the sync shim's record), as a host reset leaves it. Entries
+/// are acked in the outbox stream only once their lines are on disk, so
+/// the cut ones are still pending for this instance and written again at
+/// its restart: nothing is lost, nothing repeated.
+#[test]
+fn a_power_loss_takes_no_acked_transition_from_an_instances_file() {
+    let Some(s) = servers() else {
+        return;
+    };
+    let Some(shim) = support::sync_shim() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut geogate = launch(
+        dir.path(),
+        s.broker.port,
+        &[s.redis.url()],
+        "power",
+        Role {
+            crash_point: Some("outbox.written:6"),
+            shim: Some(&shim),
+            ..MEMBER
+        },
+    );
+    let publishing = s.runtime.spawn({
+        let port = s.broker.port;
+        async move { publish_all(port, &fleet(0..FIXES), Some(PACE)).await }
+    });
+    geogate.wait_for_crash_point();
+    geogate.kill();
+    let events = dir.path().join("events.ndjson");
+    let cut = support::cut_to_last_sync(&events);
+    assert!(cut > 0, "lines written since the last sync were cut");
+    geogate.restart();
+    finish_exact(
+        &s.runtime,
+        publishing,
+        vec![geogate],
+        std::slice::from_ref(&dir),
+        &s.want,
+        "after a power loss",
     );
 }
 

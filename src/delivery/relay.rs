@@ -63,12 +63,11 @@ impl Relay {
                 break;
             }
         }
-        if let Some(file) = &mut self.file {
-            match file.sync() {
-                // The committer's last commit records it.
-                Ok(()) => self.cursors.file.store(file.synced_seq(), Relaxed),
-                Err(e) => tracing::error!("events file {}: {e}", file.path().display()),
-            }
+        if let Some(file) = &mut self.file
+            && file.sync_now(&mut self.drain).await
+        {
+            // The committer's last commit records it.
+            self.cursors.file.store(file.synced_seq(), Relaxed);
         }
     }
 
@@ -84,13 +83,10 @@ impl Relay {
             }
             if file.last_seq() > before {
                 crash_point::reached("relay.before_cursor");
-                if let Err(e) = file.sync_if_due(Instant::now()).await {
-                    // The outbox keeps everything from here on.
-                    tracing::error!(
-                        "events file {}: syncing failed ({e}); the state keeps every transition from seq {} on",
-                        file.path().display(),
-                        file.synced_seq() + 1
-                    );
+                if !file.sync_if_due(Instant::now(), &mut self.drain).await {
+                    // Past the drain deadline: the outbox keeps everything
+                    // after the last sync, and later batches stay unacked.
+                    return false;
                 }
                 if file.synced_seq() < file.last_seq() {
                     crash_point::reached("relay.unsynced");

@@ -3,6 +3,14 @@
 //! its cursor or acks anything. A write that fails is retried with backoff
 //! (the sink's health gauge and log follow it) until it works or the drain
 //! deadline passes.
+//!
+//! A failed sync is never retried as such: the kernel reports a lost
+//! write-back once, and a later sync (on a new descriptor, or the same)
+//! that works says nothing about the bytes before it. The writer keeps
+//! every line written since the last sync that worked; after a failure
+//! it cuts the file back to its length at that sync and writes those lines
+//! again, then syncs, so the file holds each seq once whichever of its
+//! pages reached the disk.
 
 use super::outbox::OutboxEntry;
 use crate::crash_point;
@@ -12,11 +20,12 @@ use crate::sink::config::FsyncPolicy;
 use crate::sink::health::SinkHealth;
 use std::io;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub struct EventsWriter {
     file: AppendFile,
-    health: SinkHealth,
+    health: Arc<SinkHealth>,
     fsync: FsyncPolicy,
     /// The last seq the file holds.
     last_seq: u64,
@@ -26,12 +35,14 @@ pub struct EventsWriter {
     /// outbox, and written again at the restart.
     synced_seq: u64,
     last_sync: Instant,
-    /// Set once a sync has failed: the kernel reports a lost write-back
-    /// once, so a later sync that works proves nothing about the lines
-    /// before it, and the cursor stays where it was for this process's
-    /// life (the outbox keeps the rest; writing them again after such a
-    /// failure is not built yet).
-    sync_failed: bool,
+    /// The file's length at the last sync that worked, and every line
+    /// queued since: what a failed sync makes the writer write again.
+    synced_len: u64,
+    unsynced: Vec<u8>,
+    /// A sync failed and the file has not been cut back to `synced_len`
+    /// (with `unsynced` queued again) yet: the next attempt does that
+    /// first.
+    must_rewrite: bool,
 }
 
 /// How often, at most, the file is synced under `fsync = "flush"`: the
@@ -42,6 +53,9 @@ const SYNC_EVERY: Duration = Duration::from_secs(1);
 impl EventsWriter {
     /// Opens `path` for appending; `last_seq` is the seq on its last line
     /// (0: none), and `held` says what waits while it fails, for the log.
+    /// What an earlier process wrote may not be on disk yet: it is synced
+    /// here, and a file that cannot be synced is refused, since nothing
+    /// it holds could be trusted.
     pub fn open(
         path: &Path,
         fsync: FsyncPolicy,
@@ -49,22 +63,17 @@ impl EventsWriter {
         held: &'static str,
     ) -> io::Result<Self> {
         let mut file = AppendFile::open(path)?;
-        // What an earlier process wrote may not be on disk yet: known to
-        // be once this sync works (a file that cannot sync yet counts as
-        // holding nothing synced, so the outbox keeps everything).
-        let synced_seq = if file.sync_data().is_ok() {
-            last_seq
-        } else {
-            0
-        };
+        file.sync_data()?;
         Ok(Self {
+            synced_len: file.len(),
             file,
-            health: SinkHealth::new("events", path, held),
+            health: Arc::new(SinkHealth::new("events", path, held)),
             fsync,
             last_seq,
-            synced_seq,
+            synced_seq: last_seq,
             last_sync: Instant::now(),
-            sync_failed: false,
+            unsynced: Vec::new(),
+            must_rewrite: false,
         })
     }
 
@@ -84,17 +93,21 @@ impl EventsWriter {
 
     /// Under `flush`, syncs what was written if the last sync is
     /// [`SYNC_EVERY`] old (under `always` every write is synced already).
-    /// On a blocking thread: a second's lines can take a while to reach
-    /// the disk, and the runtime's threads run the shards meanwhile.
-    pub async fn sync_if_due(&mut self, now: Instant) -> io::Result<()> {
-        if self.sync_failed
-            || self.synced_seq == self.last_seq
-            || now.duration_since(self.last_sync) < SYNC_EVERY
-        {
-            return Ok(());
+    /// The sync runs on a blocking thread: a second's lines can take a
+    /// while to reach the disk, and the runtime's threads run the shards
+    /// meanwhile. After a failure the lines since the last sync are
+    /// written again, with backoff, until a sync works (true) or the drain
+    /// deadline passes (false).
+    pub async fn sync_if_due(&mut self, now: Instant, drain: &mut Drain) -> bool {
+        if self.synced_seq == self.last_seq || now.duration_since(self.last_sync) < SYNC_EVERY {
+            return true;
         }
-        self.last_sync = now;
-        let upto = self.last_seq;
+        self.sync_now(drain).await
+    }
+
+    /// Syncs what was written, as [`Self::sync_if_due`] does once due.
+    pub async fn sync_now(&mut self, drain: &mut Drain) -> bool {
+        self.last_sync = Instant::now();
         let synced = match self.file.sync_handle() {
             Ok(handle) => tokio::task::spawn_blocking(move || handle.sync_data())
                 .await
@@ -102,10 +115,40 @@ impl EventsWriter {
             Err(e) => Err(e),
         };
         match synced {
-            Ok(()) => self.synced_seq = upto,
-            Err(_) => self.sync_failed = true,
+            Ok(()) => {
+                self.synced();
+                true
+            }
+            Err(first) => {
+                self.must_rewrite = true;
+                let health = self.health.clone();
+                drain.retry(&*health, first, || self.write_and_sync()).await
+            }
         }
-        synced
+    }
+
+    /// Everything written is on disk.
+    fn synced(&mut self) {
+        self.synced_seq = self.last_seq;
+        self.synced_len = self.file.len();
+        self.unsynced.clear();
+    }
+
+    /// One attempt to get everything queued onto the disk: after a failed
+    /// sync, the file is first cut back and the unsynced lines queued again.
+    fn write_and_sync(&mut self) -> io::Result<()> {
+        if self.must_rewrite {
+            self.file.cut_back(self.synced_len)?;
+            self.file.queue(&self.unsynced);
+            self.must_rewrite = false;
+        }
+        self.file.write_unwritten()?;
+        if let Err(e) = self.file.sync_data() {
+            self.must_rewrite = true;
+            return Err(e);
+        }
+        self.synced();
+        Ok(())
     }
 
     /// Writes the entries past the file's last seq, as the fsync policy
@@ -122,46 +165,33 @@ impl EventsWriter {
         if lines.is_empty() {
             return true;
         }
-        let file = &mut self.file;
+        self.unsynced.extend_from_slice(&lines);
         if crash_point::armed("relay.mid_line") {
             let half = lines.len() / 2;
-            file.queue(&lines[..half]);
-            let _ = file.write_unwritten();
+            self.file.queue(&lines[..half]);
+            let _ = self.file.write_unwritten();
             crash_point::reached("relay.mid_line");
-            file.queue(&lines[half..]);
+            self.file.queue(&lines[half..]);
         } else {
-            file.queue(&lines);
+            self.file.queue(&lines);
         }
-        let fsync = self.fsync;
-        let mut attempt = || {
-            file.write_unwritten()?;
-            match fsync {
-                FsyncPolicy::Always => file.sync_data(),
-                FsyncPolicy::Flush => Ok(()),
+        // The seq moves first: a sync that works covers these lines.
+        let before = std::mem::replace(&mut self.last_seq, last);
+        let always = self.fsync == FsyncPolicy::Always;
+        let attempt = |w: &mut Self| {
+            if always || w.must_rewrite {
+                w.write_and_sync()
+            } else {
+                w.file.write_unwritten()
             }
         };
-        if let Err(first) = attempt()
-            && !drain.retry(&self.health, first, attempt).await
-        {
-            return false;
-        }
-        self.last_seq = last;
-        if fsync == FsyncPolicy::Always {
-            self.synced_seq = last;
+        if let Err(first) = attempt(self) {
+            let health = self.health.clone();
+            if !drain.retry(&*health, first, || attempt(self)).await {
+                self.last_seq = before;
+                return false;
+            }
         }
         true
-    }
-
-    /// Syncs what was written.
-    pub fn sync(&mut self) -> io::Result<()> {
-        if let Err(e) = self.file.sync_data() {
-            self.sync_failed = true;
-            return Err(e);
-        }
-        if !self.sync_failed {
-            self.synced_seq = self.last_seq;
-        }
-        self.last_sync = Instant::now();
-        Ok(())
     }
 }

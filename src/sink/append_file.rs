@@ -115,6 +115,22 @@ impl AppendFile {
         result
     }
 
+    /// Cuts the file back to `len` bytes and drops what is queued, so that
+    /// what was written past `len` can be written again without a second
+    /// copy. Used after a failed sync: the kernel may have dropped those
+    /// bytes' write-back while reads still show them. A file already
+    /// shorter is left as it is.
+    pub fn cut_back(&mut self, len: u64) -> io::Result<()> {
+        self.file = None;
+        let file = OpenOptions::new().write(true).open(&self.path)?;
+        if file.metadata()?.len() > len {
+            file.set_len(len)?;
+        }
+        self.unwritten.clear();
+        self.len = len.min(file.metadata()?.len());
+        Ok(())
+    }
+
     /// A second handle on the open file, for syncing it on another thread.
     pub fn sync_handle(&mut self) -> io::Result<File> {
         self.file()?.try_clone()

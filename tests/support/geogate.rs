@@ -105,6 +105,16 @@ listen = "127.0.0.1:{metrics_port}"
         edit: impl FnOnce(String) -> String,
         uid: Option<u32>,
     ) -> Self {
+        let mut p = Self::prepare(dir, setup, edit);
+        p.uid = uid;
+        p.spawn();
+        p
+    }
+
+    /// Writes the config (edited by `edit`) and fences, and starts nothing:
+    /// environment and crash point are set before the first
+    /// [`Self::restart`].
+    pub fn prepare(dir: &Path, setup: &Setup, edit: impl FnOnce(String) -> String) -> Self {
         let metrics_port = free_port();
         if !dir.join("fences.geojson").exists() {
             std::fs::write(dir.join("fences.geojson"), FENCES_AB).expect("fences");
@@ -122,18 +132,16 @@ listen = "127.0.0.1:{metrics_port}"
         if setup.embedded {
             args.push("--embedded-broker".into());
         }
-        let mut p = Self {
+        Self {
             dir: dir.to_owned(),
             metrics_port,
             child: None,
             args,
-            uid,
+            uid: None,
             crash_point: None,
             extra_args: Vec::new(),
             extra_env: Vec::new(),
-        };
-        p.spawn();
-        p
+        }
     }
 
     /// Like [`Self::start`], but the process stops at crash point `point`

@@ -197,3 +197,37 @@ pub fn wait_for_port(port: u16) {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// The sync shim (`sync_shim.c`: a file's write-back modelled, for power
+/// losses and failed fsyncs), built once with the system's C compiler.
+pub fn sync_shim() -> Option<PathBuf> {
+    static BUILT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/support/sync_shim.c");
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sync_shim.so");
+        let status = Command::new("cc")
+            .args(["-shared", "-fPIC", "-O2", "-Wall", "-o"])
+            .arg(&out)
+            .arg(&source)
+            .args(["-ldl", "-lpthread"])
+            .status();
+        status.is_ok_and(|s| s.success()).then_some(out)
+    });
+    require("a C compiler (cc) for the sync shim", built.clone())
+}
+
+/// What a power loss leaves of `file` under the sync shim: cut back to its
+/// length at its last sync. Returns the bytes cut.
+pub fn cut_to_last_sync(file: &std::path::Path) -> u64 {
+    let synced: u64 = std::fs::read_to_string(format!("{}.synced", file.display()))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    let len = std::fs::metadata(file).map_or(0, |m| m.len());
+    let handle = std::fs::OpenOptions::new()
+        .write(true)
+        .open(file)
+        .expect("the file to cut");
+    handle.set_len(synced.min(len)).expect("cut");
+    len.saturating_sub(synced)
+}

@@ -2,9 +2,12 @@
 //!
 //! Every instance reads every partition through one consumer group, so the
 //! broker-like stream hands each transition to one instance: `XREADGROUP`
-//! moves it into that instance's pending list, the line is written (and
-//! synced as `[state] fsync` says), then `XACK` removes it. A crash between
-//! the write and the ack leaves it pending for the same consumer name: at
+//! moves it into that instance's pending list, the line is written, and
+//! once the file is synced past it (each write under `fsync = "always"`,
+//! about once a second under `flush`) `XACK` removes it: what a power loss
+//! takes from the file's unsynced tail is still pending, and written
+//! again. A crash between the write and the ack leaves it pending for the
+//! same consumer name: at
 //! start the instance reads its own pending entries first and skips those
 //! whose `id` its file already ends with. An instance that stays away
 //! longer than `claim_idle_s` has its pending entries claimed
@@ -61,9 +64,12 @@ pub struct OutboxConsumer {
     pub recent: HashSet<String>,
     pub claim_idle: Duration,
     /// Entries written to the file whose ack has not gone through yet,
-    /// by (partition, stream id): never written again, whoever hands
-    /// them back (a re-read of the own pending list, a claim).
-    pub unacked: std::collections::BTreeSet<(u32, String)>,
+    /// by (partition, stream id), with the seq of their line (0: none was
+    /// written): never written again, whoever hands them back (a re-read
+    /// of the own pending list, a claim), and acked only once the file is
+    /// synced past that seq, so that what a power loss takes from the
+    /// file's tail under `flush` is still pending, and written again.
+    pub unacked: std::collections::BTreeMap<(u32, String), u64>,
     /// Registers this instance's fence set each housekeeping pass.
     pub fence_sets: FenceSets,
     /// The publisher, when transitions also go over MQTT.
@@ -105,6 +111,9 @@ impl OutboxConsumer {
                 return;
             }
             let mut moved = 0usize;
+            if !self.file.sync_if_due(Instant::now(), &mut drain).await {
+                return;
+            }
             let mut failed = self.ack_written().await.err();
             for p in 0..self.partitions {
                 let own = reading_own[p as usize];
@@ -186,6 +195,12 @@ impl OutboxConsumer {
             backoff.reset();
             if moved == 0 {
                 if stopping {
+                    // What is written is acked once it is on disk; what
+                    // is not stays pending, and is skipped at the restart
+                    // if the file has it.
+                    if self.file.sync_now(&mut drain).await {
+                        let _ = self.ack_written().await;
+                    }
                     return;
                 }
                 tokio::select! {
@@ -239,8 +254,10 @@ impl OutboxConsumer {
         }
         crash_point::reached("outbox.read");
         let mut written = Vec::new();
+        let mut lines = Vec::with_capacity(entries.len());
         for entry in entries {
-            if self.unacked.contains(&(p, entry.id.clone())) {
+            let key = (p, entry.id.clone());
+            if self.unacked.contains_key(&key) {
                 // Written already; only its ack is outstanding.
                 continue;
             }
@@ -250,12 +267,16 @@ impl OutboxConsumer {
                     self.keys.outbox(p),
                     entry.id
                 );
+                lines.push((key, 0));
                 continue;
             };
             if self.recent.remove(&transition_id(&t)) {
+                // The file had it at start, synced when it was opened.
+                lines.push((key, 0));
                 continue;
             }
             written.push(OutboxEntry::new(self.next_seq, &t));
+            lines.push((key, self.next_seq));
             self.next_seq += 1;
         }
         if !self.file.write(&written, drain).await {
@@ -278,28 +299,30 @@ impl OutboxConsumer {
         }
         // Written: from here on these entries must be acked, never
         // delivered again, so they are kept until an ack succeeds.
-        self.unacked
-            .extend(entries.iter().map(|e| (p, e.id.clone())));
+        self.unacked.extend(lines);
         self.ack_written().await?;
         Ok(count)
     }
 
-    /// Acks every entry already written, each partition on its own: a
-    /// partition whose node is down does not hold back the others' acks.
+    /// Acks every entry whose line is on disk, each partition on its own:
+    /// a partition whose node is down does not hold back the others' acks.
     async fn ack_written(&mut self) -> Result<(), String> {
-        let partitions: std::collections::BTreeSet<u32> =
-            self.unacked.iter().map(|(p, _)| *p).collect();
+        let synced = self.file.synced_seq();
+        let mut ready: std::collections::BTreeMap<u32, Vec<String>> = Default::default();
+        for ((p, id), seq) in &self.unacked {
+            if *seq <= synced {
+                ready.entry(*p).or_default().push(id.clone());
+            }
+        }
         let mut failure = None;
-        for p in partitions {
-            let ids: Vec<String> = self
-                .unacked
-                .range((p, String::new())..)
-                .take_while(|(q, _)| *q == p)
-                .map(|(_, id)| id.clone())
-                .collect();
+        for (p, ids) in ready {
             let acked: Result<u64, _> = self.link.xack(self.keys.outbox(p), GROUP, &ids).await;
             match acked {
-                Ok(_) => self.unacked.retain(|(q, _)| *q != p),
+                Ok(_) => {
+                    for id in ids {
+                        self.unacked.remove(&(p, id));
+                    }
+                }
                 Err(e) => failure = Some(e.to_string()),
             }
         }
