@@ -202,6 +202,7 @@ impl Pipeline {
             refused: Vec::new(),
             counters: RefusalCounters::new(),
             unapplied: run.late_receiver(),
+            expired: tokio::sync::mpsc::unbounded_channel().1,
         }
     }
 
@@ -217,7 +218,7 @@ impl Pipeline {
             state,
             OpenContext {
                 events: Some(self.events_path()),
-                events_connection: None,
+                outputs: Default::default(),
                 settings,
                 instance: "bench".to_owned(),
                 fence_fingerprint: watch::channel("bench".to_owned()).1,

@@ -341,7 +341,7 @@ fn run_stream(
             &config,
             OpenContext {
                 events: Some(events.clone()),
-                events_connection: None,
+                outputs: Default::default(),
                 settings,
                 instance: "bench".into(),
                 fence_fingerprint: watch::channel(String::new()).1,

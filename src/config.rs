@@ -151,6 +151,7 @@ impl Config {
         self.fences.check(&mut problems);
         self.codec.check(&mut problems);
         self.dead_letter.check(&mut problems);
+        self.events.check(&mut problems);
         self.demo.check(&mut problems);
         self.state.check(
             self.events.path.as_deref(),

@@ -15,6 +15,7 @@ use crate::allowance::{GlobalAllowance, RedisTarget, SharedBucket};
 use crate::clock::MonotonicClock;
 use crate::codec::Dedup;
 use crate::config::Config;
+use crate::delivery::Outputs;
 use crate::geofence::{
     EvaluatorSettings, FenceErrors, FenceIndex, fingerprint, parse_fences, read_fence_file,
 };
@@ -197,19 +198,36 @@ pub async fn run(
 
     // State: a missing or held state file stops the start here, before
     // anything is taken from the broker.
-    let events_connection = if config.events.mqtt {
+    let events_mqtt = if config.events.mqtt {
         let id = format!("{}-events", config.mqtt.client_id);
-        let options = mqtt::connection(&config.mqtt, &id).map_err(ServiceError::Mqtt)?;
-        Some((options, mqtt::network_options(&config.mqtt)))
+        let mut broker = config.mqtt.clone();
+        if let Some(host) = &config.events.mqtt_host {
+            broker.host.clone_from(host);
+        }
+        if let Some(port) = config.events.mqtt_port {
+            broker.port = port;
+        }
+        let options = mqtt::connection(&broker, &id).map_err(ServiceError::Mqtt)?;
+        Some((
+            options,
+            mqtt::network_options(&broker),
+            config.events.mqtt_limits(),
+        ))
     } else {
         None
     };
     let initial_fences = fence_rx.borrow().clone();
+    // What an output gives up on goes to the router, which owns the dead
+    // letter.
+    let (expired_tx, expired_rx) = mpsc::unbounded_channel();
     let mut backend = crate::state::backends::open(
         &config.state,
         OpenContext {
             events: config.events.path.clone(),
-            events_connection,
+            outputs: Outputs {
+                mqtt: events_mqtt,
+                dead_letter: Some(expired_tx),
+            },
             settings,
             instance: config.mqtt.client_id.clone(),
             fence_fingerprint: fingerprint_rx,
@@ -312,6 +330,7 @@ pub async fn run(
         refused: Vec::new(),
         counters: RefusalCounters::new(),
         unapplied: unapplied_rx,
+        expired: expired_rx,
     };
     drop(unapplied_tx);
     let decoded = decode::start(intake_lanes, config.codec.clone());

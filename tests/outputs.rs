@@ -15,7 +15,7 @@ use support::fleet::{
     FENCES, FIXES, Multiset, VEHICLES, assert_seqs_gap_free, diff, fleet, multiset,
 };
 use support::geogate::{
-    GeogateProcess, exclusive, publish_all, read_ndjson_so_far, setup, wait_until,
+    GeogateProcess, crossing_fixes, exclusive, publish_all, read_ndjson_so_far, setup, wait_until,
 };
 
 /// Between published fixes: the stream lasts several seconds, so faults
@@ -309,5 +309,241 @@ fn a_full_disk_pushes_back_loses_nothing_and_resumes_by_itself() {
         got == want,
         "full disks: transitions differ from the uninterrupted run:\n{}",
         diff(&got, &want)
+    );
+}
+
+/// Collects every transition published to `geogate/events/#` on the
+/// events broker at `port`, on a kept session (the broker's persistence
+/// carries it across the broker's restart).
+fn subscribe_kept(
+    runtime: &tokio::runtime::Runtime,
+    port: u16,
+) -> std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>> {
+    use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    let sink = got.clone();
+    runtime.spawn(async move {
+        let mut options = MqttOptions::new("outputs-subscriber", "127.0.0.1", port);
+        options.set_clean_session(false);
+        options.set_keep_alive(Duration::from_secs(5));
+        let (client, mut events) = AsyncClient::new(options, 100);
+        client
+            .subscribe("geogate/events/#", QoS::AtLeastOnce)
+            .await
+            .unwrap();
+        // Bounded: the test ends well within it.
+        let until = tokio::time::Instant::now() + Duration::from_secs(300);
+        while tokio::time::Instant::now() < until {
+            match events.poll().await {
+                Ok(Event::Incoming(Packet::SubAck(_))) => {
+                    let _ = ready_tx.send(());
+                }
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    if let Ok(v) = serde_json::from_slice(&p.payload) {
+                        sink.lock().unwrap().push(v);
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+        drop(client);
+    });
+    ready
+        .recv_timeout(Duration::from_secs(10))
+        .expect("subscribed to the events broker");
+    got
+}
+
+fn ids(events: &[serde_json::Value]) -> std::collections::BTreeSet<String> {
+    events
+        .iter()
+        .filter_map(|e| e["id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Resident memory of a process, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+const MQTT_PENDING: &str = r#"geogate_output_pending_entries{output="mqtt"}"#;
+const MQTT_HEALTHY: &str = r#"geogate_sink_healthy{sink="mqtt"}"#;
+const MQTT_EXPIRED: &str = r#"geogate_output_expired_total{output="mqtt"}"#;
+
+/// geogate with its transitions published to a broker of their own, and
+/// its intake on a broker with mosquitto's default queue bound (what
+/// README says the intake broker needs).
+struct TwoBrokers {
+    intake: support::Mosquitto,
+    events: support::Mosquitto,
+}
+
+impl TwoBrokers {
+    fn start() -> Option<Self> {
+        Some(Self {
+            intake: support::Mosquitto::start_with(
+                "persistence false\nmax_inflight_messages 1000\nmax_queued_messages 1000\n",
+            )?,
+            events: support::Mosquitto::start_persistent()?,
+        })
+    }
+
+    /// No reorder window: a fix's ack waits for its own transitions
+    /// (with one, fixes are acked once held, and intake is held from the
+    /// first one that arrives after the queue filled).
+    fn geogate(&self, dir: &Path, id: &str, max_pending: usize, max_age_s: f64) -> GeogateProcess {
+        let events_port = self.events.port;
+        let mut geogate = GeogateProcess::prepare(
+            dir,
+            &support::geogate::Setup {
+                events_mqtt: true,
+                ..setup(self.intake.port, id, "reorder_window_ms = 0")
+            },
+            |config| {
+                config.replace(
+                    "mqtt = true\n",
+                    &format!(
+                        "mqtt = true\nmqtt_port = {events_port}\nmax_pending = {max_pending}\nmqtt_max_age_s = {max_age_s}\n"
+                    ),
+                )
+            },
+        );
+        geogate.restart();
+        geogate
+    }
+}
+
+/// The events broker stopped while transitions keep coming: geogate's
+/// queue for it fills to `events.max_pending`, and then intake is held
+/// (fixes wait unacked at the intake broker, within its queue bound)
+/// instead of memory growing; resident memory after an outage ten times
+/// longer is what it was once the bound was reached. Once the broker is
+/// back, every transition in the events file arrives over MQTT, with the
+/// same id.
+#[test]
+fn a_dead_events_broker_holds_intake_within_bounds_and_loses_nothing() {
+    let _serial = exclusive();
+    let Some(mut brokers) = TwoBrokers::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let published = subscribe_kept(&runtime, brokers.events.port);
+    let dir = tempfile::tempdir().unwrap();
+    let geogate = brokers.geogate(dir.path(), "dead-events", 100, 600.0);
+    let port = brokers.intake.port;
+    runtime.block_on(publish_all(port, &crossing_fixes("d", 10, 0, 100), None));
+    geogate.wait_processed(100.0, 30);
+    wait_until(30, "the first transitions published", || {
+        published.lock().unwrap().len() >= events_of(dir.path()).len()
+    });
+
+    let outage = std::time::Instant::now();
+    brokers.events.stop();
+    // More than geogate takes unacked (mqtt.max_unacked, 1000): the rest
+    // wait in the intake broker's queue, within its bound.
+    runtime.block_on(publish_all(port, &crossing_fixes("d", 10, 100, 1500), None));
+    wait_until(30, "the MQTT queue full and intake held", || {
+        let m = geogate.metrics();
+        geogate.series(MQTT_PENDING) >= 100.0
+            && m["geogate_mqtt_unacked"] >= 1.0
+            && geogate.series(MQTT_HEALTHY) == 0.0
+    });
+    let to_bound = outage.elapsed() + Duration::from_secs(1);
+    std::thread::sleep(Duration::from_secs(1));
+    let rss_at_bound = rss_kib(geogate.pid());
+    let acked_at_bound = geogate.metric("geogate_mqtt_acks_total");
+    std::thread::sleep(9 * to_bound);
+    let rss_later = rss_kib(geogate.pid());
+    assert_eq!(geogate.series(MQTT_PENDING), 100.0);
+    assert_eq!(
+        geogate.metric("geogate_mqtt_acks_total"),
+        acked_at_bound,
+        "intake held: no fix acked while the queue stays full"
+    );
+    assert!(geogate.metric("geogate_events_received_total") < 1600.0);
+    assert!(
+        rss_later <= rss_at_bound + 2048,
+        "resident memory grew from {rss_at_bound} KiB to {rss_later} KiB over an outage {:?} long",
+        outage.elapsed()
+    );
+
+    brokers.events.start_again();
+    geogate.wait_processed(1600.0, 60);
+    wait_until(60, "every transition published", || {
+        ids(&published.lock().unwrap()) == ids(&events_of(dir.path()))
+    });
+    assert_eq!(geogate.series(MQTT_HEALTHY), 1.0);
+    assert_eq!(geogate.series(MQTT_EXPIRED), 0.0);
+    let mut geogate = geogate;
+    let (ok, stdout) = geogate.stop();
+    assert!(ok, "{stdout}");
+    let events = events_of(dir.path());
+    assert_seqs_gap_free(&events, "the events file");
+    assert_eq!(events.len(), ids(&events).len());
+    assert_eq!(ids(&published.lock().unwrap()), ids(&events));
+}
+
+/// The events broker down past `events.mqtt_max_age_s`: what it has not
+/// confirmed goes to the dead letter as `mqtt_expired`, and geofencing
+/// goes on for every fix while the broker is still down. Once it is back,
+/// every transition in the events file has either arrived over MQTT or is
+/// in the dead letter: none is lost silently.
+#[test]
+fn past_its_maximum_age_an_unpublished_transition_goes_to_the_dead_letter() {
+    let _serial = exclusive();
+    let Some(mut brokers) = TwoBrokers::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let published = subscribe_kept(&runtime, brokers.events.port);
+    let dir = tempfile::tempdir().unwrap();
+    let mut geogate = brokers.geogate(dir.path(), "expire-events", 100, 1.0);
+    let port = brokers.intake.port;
+    runtime.block_on(publish_all(port, &crossing_fixes("x", 10, 0, 100), None));
+    geogate.wait_processed(100.0, 30);
+    wait_until(30, "the first transitions published", || {
+        published.lock().unwrap().len() >= events_of(dir.path()).len()
+    });
+    brokers.events.stop();
+    runtime.block_on(publish_all(port, &crossing_fixes("x", 10, 100, 400), None));
+    // Every fix is evaluated with the broker still down.
+    geogate.wait_processed(500.0, 60);
+    wait_until(30, "the queue emptied into the dead letter", || {
+        geogate.series(MQTT_PENDING) == 0.0
+    });
+    let expired = geogate.series(MQTT_EXPIRED);
+    assert!(
+        expired > 100.0,
+        "more than the queue holds expired: {expired}"
+    );
+    brokers.events.start_again();
+    let dead: Vec<serde_json::Value> =
+        support::geogate::read_ndjson(&dir.path().join("dead-letter.ndjson"))
+            .into_iter()
+            .filter(|r| r["reason"] == "mqtt_expired")
+            .filter_map(|r| serde_json::from_str(r["payload"].as_str()?).ok())
+            .collect();
+    assert_eq!(
+        dead.len() as f64,
+        expired,
+        "one record per expired transition"
+    );
+    let (ok, stdout) = geogate.stop();
+    assert!(ok, "{stdout}");
+    let events = events_of(dir.path());
+    assert_seqs_gap_free(&events, "the events file");
+    let mut reached = ids(&published.lock().unwrap());
+    reached.extend(ids(&dead));
+    assert_eq!(
+        reached,
+        ids(&events),
+        "every transition published or dead-lettered"
     );
 }

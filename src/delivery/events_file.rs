@@ -99,6 +99,7 @@ pub fn entries_after(path: &Path, after: u64) -> io::Result<Vec<super::outbox::O
                     seq: head.seq,
                     vehicle: head.vehicle.as_ref().into(),
                     line: line.to_vec(),
+                    committed_ms: 0,
                 });
                 true
             }

@@ -12,6 +12,8 @@
 //! * [`events_file`]: what the events file's tail says at start;
 //! * [`writer`]: lines appended by the fsync policy, retried while the
 //!   file fails;
+//! * [`output_queue`]: what an output after the file has yet to deliver,
+//!   bounded, with a maximum age past which entries go to the dead letter;
 //! * [`publisher`]: the same entries over MQTT;
 //! * [`relay`]: committed batches to the file, then their completions,
 //!   then the publisher.
@@ -20,16 +22,41 @@ pub mod config;
 pub mod events_file;
 pub mod metrics;
 pub mod outbox;
+pub mod output_queue;
 pub mod publisher;
 pub mod relay;
 pub mod writer;
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+
+/// The outputs after the events file, as configured.
+#[derive(Default)]
+pub struct Outputs {
+    /// The connection transitions are also published on, and how far that
+    /// output may fall behind.
+    pub mqtt: Option<(
+        rumqttc::MqttOptions,
+        rumqttc::NetworkOptions,
+        output_queue::OutputLimits,
+    )>,
+    /// Where outputs write what they give up on (the router's dead letter).
+    pub dead_letter: Option<output_queue::DeadLetterQueue>,
+}
 
 /// How far each output has come: the last seq it holds (`u64::MAX` for an
 /// output that is not configured, so it never holds the outbox back).
 #[derive(Debug)]
 pub struct Cursors {
-    pub file: AtomicU64,
-    pub mqtt: AtomicU64,
+    pub file: Arc<AtomicU64>,
+    pub mqtt: Arc<AtomicU64>,
+}
+
+impl Cursors {
+    pub fn new(file: u64, mqtt: u64) -> Self {
+        Self {
+            file: Arc::new(file.into()),
+            mqtt: Arc::new(mqtt.into()),
+        }
+    }
 }

@@ -21,6 +21,11 @@ pub struct OutboxEntry {
     pub vehicle: VehicleId,
     /// The JSON line, without its newline.
     pub line: Vec<u8>,
+    /// When it was committed, in Unix ms on the receive clock: an output's
+    /// maximum age counts from here. 0 when unknown (a store from before
+    /// it was kept, a line read back from the events file): the output
+    /// then counts from when it first saw the entry.
+    pub committed_ms: i64,
 }
 
 #[derive(Serialize)]
@@ -67,6 +72,15 @@ impl OutboxEntry {
             seq,
             vehicle: t.vehicle.clone(),
             line,
+            committed_ms: 0,
+        }
+    }
+
+    /// The same entry, committed at `ms`.
+    pub fn committed_at(self, ms: i64) -> Self {
+        Self {
+            committed_ms: ms,
+            ..self
         }
     }
 }

@@ -2,12 +2,20 @@
 //! `geogate/events/{vehicle}` at QoS 1 on a connection of its own, so a
 //! broker outage never holds up the events file or the acks.
 //!
+//! Entries wait in an [`OutputQueue`]: bounded (a full one pushes back on
+//! intake), and past `events.mqtt_max_age_s` written to the dead letter as
+//! `mqtt_expired`, so a dead events broker never holds up geofencing for
+//! longer, nor grows memory. At most [`UNCONFIRMED_WINDOW`] publishes are
+//! handed to the client at a time.
+//!
 //! The cursor (the last seq the broker has everything up to) moves only
 //! when the broker has acked every publish handed to the client since it
-//! last moved; until then the entries stay in `unconfirmed` and in the
-//! outbox (with the redis backend: in the events file after the cursor
-//! file's seq, see `state::redis::mqtt_cursor`), so a crash sends them
-//! again (same `id`). The connection keeps
+//! last moved; until then the entries stay queued and in the outbox (with
+//! the redis backend: in the events file after the cursor file's seq, see
+//! `state::redis::mqtt_cursor`), so a crash sends them again (same `id`).
+//! When entries in flight expire, the connection is replaced, so that acks
+//! for publishes given up on are never counted for later ones. The
+//! connection keeps
 //! its session, so across a reconnect the client retransmits what was not
 //! acked and the count of acks stays whole. A broker that lost the session
 //! (a new session after the first) drops those in flight: the publisher
@@ -20,22 +28,24 @@
 //! cannot hold up shutdown: what is unconfirmed or unsent then is sent
 //! again after the restart.
 
-use super::Cursors;
-use super::metrics::EVENTS_PUBLISH_SKIPPED_TOTAL;
+use super::metrics::{EVENTS_PUBLISH_SKIPPED_TOTAL, OUTPUT_RETRIES_TOTAL};
 use super::outbox::OutboxEntry;
+use super::output_queue::{DeadLetterQueue, OutputFeed, OutputLimits, OutputQueue, Room};
+use crate::clock::receive_now_ms;
 use crate::crash_point;
 use crate::model::check_vehicle_id;
 use crate::shutdown::Drain;
+use crate::sink::metrics::SINK_HEALTHY;
 use rumqttc::{AsyncClient, ClientError, Event, MqttOptions, NetworkOptions, Packet, QoS};
-use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-/// Unconfirmed publishes before the publisher waits for the broker;
-/// bounds what a crash makes it send twice.
+/// Publishes handed to the client and not yet confirmed, at most: bounds
+/// what a crash makes it send twice, and what the client holds while the
+/// broker is away.
 const UNCONFIRMED_WINDOW: usize = 1000;
 
 /// What the connection's poll task has seen.
@@ -44,79 +54,93 @@ struct ConnectionEvents {
     acked: AtomicU64,
     /// New sessions after the first: the broker forgot what was in flight.
     sessions_lost: AtomicU64,
+    connected: AtomicBool,
+}
+
+/// One client and the task that polls it; dropped, the connection closes
+/// and whatever the client still held is gone.
+struct Connection {
+    client: AsyncClient,
+    events: Arc<ConnectionEvents>,
+    task: JoinHandle<()>,
+}
+
+impl Connection {
+    fn open((options, network): &(MqttOptions, NetworkOptions), healthy: &metrics::Gauge) -> Self {
+        let mut options = options.clone();
+        options.set_clean_session(false);
+        // Never more queued than the window: a publish never waits here.
+        let (client, mut eventloop) = AsyncClient::new(options, UNCONFIRMED_WINDOW + 16);
+        eventloop.set_network_options(network.clone());
+        let events = Arc::new(ConnectionEvents::default());
+        healthy.set(0.0);
+        let task = tokio::spawn(drive_connection(eventloop, events.clone(), healthy.clone()));
+        Self {
+            client,
+            events,
+            task,
+        }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 pub struct Publisher {
-    client: AsyncClient,
-    connection: Arc<ConnectionEvents>,
-    /// Published, not yet confirmed, in seq order.
-    unconfirmed: VecDeque<OutboxEntry>,
+    options: (MqttOptions, NetworkOptions),
+    connection: Connection,
+    queue: OutputQueue,
     /// Publishes handed to the client since the count was last based.
     requested: u64,
     /// `acked` when the count was last based.
     acked_base: u64,
     sessions_lost_seen: u64,
-    /// The last seq the broker has, with everything before it.
-    confirmed_seq: u64,
-    /// The last seq handed to the client (or skipped).
-    sent_seq: u64,
-    cursors: Arc<Cursors>,
     drain: Drain,
+    healthy: metrics::Gauge,
     skipped: metrics::Counter,
-    /// Set when an entry could not be sent (past the drain deadline, or the
-    /// client stopped): nothing after it is sent either, so `sent_seq`
-    /// never passes an entry that was not.
-    gave_up: bool,
+    resent: metrics::Counter,
     /// Dropped when the publisher stops: the committer waits for that.
     _done: std::sync::mpsc::Sender<()>,
 }
 
 impl Publisher {
     /// Connects (a kept session: across a reconnect the client sends again
-    /// what the broker had not acked) and starts publishing `backlog`, then
-    /// what comes through the returned sender, until it is dropped.
-    /// `cursors.mqtt`: the last seq the broker had confirmed before this
-    /// start.
+    /// what the broker had not acked) and publishes what comes through the
+    /// returned feed, until it is dropped. `cursor`: the last seq the
+    /// broker had confirmed before this start; moved as it confirms more.
     pub fn spawn(
-        (mut options, network): (MqttOptions, NetworkOptions),
-        cursors: Arc<Cursors>,
+        options: (MqttOptions, NetworkOptions),
+        limits: OutputLimits,
+        cursor: Arc<AtomicU64>,
         drain: Drain,
         done: std::sync::mpsc::Sender<()>,
-        backlog: Vec<OutboxEntry>,
-    ) -> (JoinHandle<()>, mpsc::UnboundedSender<Vec<OutboxEntry>>) {
-        options.set_clean_session(false);
-        let (client, mut eventloop) = AsyncClient::new(options, 10_000);
-        eventloop.set_network_options(network);
-        let events = Arc::new(ConnectionEvents::default());
-        tokio::spawn(drive_connection(eventloop, events.clone()));
-        let (tx, rx) = mpsc::unbounded_channel();
-        let cursor = cursors.mqtt.load(Relaxed);
+        dead_letter: Option<DeadLetterQueue>,
+    ) -> (JoinHandle<()>, OutputFeed) {
+        let room = Room::new(limits.max_pending);
+        let (feed, rx) = OutputFeed::new(room.clone());
+        let healthy = metrics::gauge!(SINK_HEALTHY, "sink" => "mqtt");
         let publisher = Self {
-            client,
-            connection: events,
-            unconfirmed: VecDeque::new(),
+            connection: Connection::open(&options, &healthy),
+            options,
+            queue: OutputQueue::new("mqtt", cursor, room, limits.max_age, dead_letter),
             requested: 0,
             acked_base: 0,
             sessions_lost_seen: 0,
-            confirmed_seq: cursor,
-            sent_seq: cursor,
-            cursors,
             drain,
+            healthy,
             skipped: metrics::counter!(EVENTS_PUBLISH_SKIPPED_TOTAL),
-            gave_up: false,
+            resent: metrics::counter!(OUTPUT_RETRIES_TOTAL, "output" => "mqtt"),
             _done: done,
         };
-        (tokio::spawn(publisher.run(backlog, rx)), tx)
+        (tokio::spawn(publisher.run(rx)), feed)
     }
 
-    /// Publishes the recovered backlog, then what the relay hands over,
-    /// until it hangs up; then waits (until the drain deadline) for acks.
-    async fn run(
-        mut self,
-        backlog: Vec<OutboxEntry>,
-        mut rx: mpsc::UnboundedReceiver<Vec<OutboxEntry>>,
-    ) {
-        self.publish(&backlog).await;
+    /// Publishes what the relay hands over until it hangs up; then what is
+    /// left, waiting (until the drain deadline) for acks.
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Vec<OutboxEntry>>) {
         // A ticker of its own: a sleep made anew each pass would be reset
         // by every batch and, under steady traffic, never fire.
         let mut tick = tokio::time::interval(Duration::from_millis(20));
@@ -124,121 +148,131 @@ impl Publisher {
         loop {
             tokio::select! {
                 next = rx.recv() => match next {
-                    Some(entries) => self.publish(&entries).await,
+                    Some(entries) => self.queue.push(entries),
                     None => break,
                 },
-                _ = tick.tick() => self.confirm().await,
+                _ = tick.tick() => {}
             }
+            self.step().await;
         }
-        if !self.wait_confirmed().await {
-            tracing::warn!(
-                "events over MQTT: {} transition(s) unconfirmed at the drain deadline; sent again after the restart",
-                self.unconfirmed.len()
-            );
+        while !self.queue.is_empty() {
+            if self.drain.passed() {
+                tracing::warn!(
+                    "events over MQTT: {} transition(s) unconfirmed at the drain deadline; sent again after the restart",
+                    self.queue.len()
+                );
+                return;
+            }
+            self.step().await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
-    async fn publish(&mut self, entries: &[OutboxEntry]) {
-        // Acks for the last batch have usually come in by now.
-        self.confirm().await;
-        for e in entries {
-            if self.gave_up {
-                return;
+    /// Confirms what the broker acked, sends what the window has room for,
+    /// and gives up on what is past the maximum age.
+    async fn step(&mut self) {
+        self.confirm();
+        if self.send().await.is_err() {
+            // The client's event loop is gone (it never ends on its own):
+            // a new connection takes over what was in flight.
+            tracing::warn!("events over MQTT: the client stopped; connecting anew");
+            self.reconnect();
+        }
+        let now = receive_now_ms();
+        if self.queue.has_expired(now) {
+            let why = format!(
+                "the events broker did not confirm it ({} in flight, connection {})",
+                self.queue.in_flight(),
+                if self.connection.events.connected.load(Relaxed) {
+                    "up"
+                } else {
+                    "down"
+                }
+            );
+            if let Some(in_flight) = self.queue.expire(now, &why).await
+                && in_flight > 0
+            {
+                // The client may still hold some of them and would count
+                // their acks: a new connection starts the count afresh,
+                // and what stays in flight is sent again on it.
+                self.reconnect();
             }
-            if e.seq <= self.sent_seq {
-                continue;
-            }
-            if self.unconfirmed.len() >= UNCONFIRMED_WINDOW && !self.wait_confirmed().await {
-                // Past the drain deadline: this and the rest are sent
-                // after the restart.
-                self.gave_up = true;
-                return;
-            }
+        }
+    }
+
+    fn reconnect(&mut self) {
+        self.connection = Connection::open(&self.options, &self.healthy);
+        self.requested = 0;
+        self.acked_base = 0;
+        self.sessions_lost_seen = 0;
+        self.queue.unsend_all();
+    }
+
+    /// Hands the client what the window has room for, in seq order. An
+    /// entry whose vehicle id is not a topic level a broker takes is not
+    /// published (the events file has it); the rest go on.
+    async fn send(&mut self) -> Result<(), ClientError> {
+        while self.queue.in_flight() < UNCONFIRMED_WINDOW {
+            let Some(e) = self.queue.next_unsent() else {
+                break;
+            };
             if let Err(why) = check_vehicle_id(&e.vehicle) {
                 // Decode refuses such ids; one can still come from a store
-                // written before it did. Not a topic level a broker takes:
-                // that one is not published (the events file has it), and
-                // the rest go on.
+                // written before it did.
                 tracing::warn!(
                     "events over MQTT: transition {} not published: {why}: {:?}",
                     e.seq,
                     e.vehicle
                 );
                 self.skipped.increment(1);
-            } else if self.send(e).await.is_ok() {
-                self.unconfirmed.push_back(e.clone());
             } else {
-                tracing::warn!("events over MQTT: the client has stopped");
-                self.gave_up = true;
-                return;
+                let topic = format!("geogate/events/{}", e.vehicle);
+                let line = e.line.clone();
+                self.connection
+                    .client
+                    .publish(topic, QoS::AtLeastOnce, false, line)
+                    .await?;
+                self.requested += 1;
             }
-            self.sent_seq = e.seq;
+            self.queue.mark_sent(1);
         }
-        self.confirm().await;
-    }
-
-    async fn send(&mut self, e: &OutboxEntry) -> Result<(), ClientError> {
-        // Topic validity is checked by the caller; an error here means the
-        // client's event loop is gone.
-        let topic = format!("geogate/events/{}", e.vehicle);
-        self.client
-            .publish(topic, QoS::AtLeastOnce, false, e.line.clone())
-            .await?;
-        self.requested += 1;
         Ok(())
     }
 
-    /// Waits until every publish is confirmed (true) or the drain deadline
-    /// passes (false).
-    async fn wait_confirmed(&mut self) -> bool {
-        loop {
-            self.confirm().await;
-            if self.unconfirmed.is_empty() {
-                return true;
-            }
-            if self.drain.passed() {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
-
-    /// Sends everything unconfirmed again if the broker lost the session;
+    /// Sends everything in flight again if the broker lost the session;
     /// moves the cursor once the broker has acked every publish.
-    async fn confirm(&mut self) {
-        let lost = self.connection.sessions_lost.load(Relaxed);
+    fn confirm(&mut self) {
+        let events = &self.connection.events;
+        let lost = events.sessions_lost.load(Relaxed);
         if lost != self.sessions_lost_seen {
             self.sessions_lost_seen = lost;
-            self.acked_base = self.connection.acked.load(Relaxed);
+            self.acked_base = events.acked.load(Relaxed);
             self.requested = 0;
             tracing::warn!(
                 "events over MQTT: the broker lost the session; sending {} unconfirmed transition(s) again",
-                self.unconfirmed.len()
+                self.queue.in_flight()
             );
-            let again: Vec<OutboxEntry> = self.unconfirmed.iter().cloned().collect();
-            for e in &again {
-                if self.send(e).await.is_err() {
-                    break;
-                }
-            }
+            self.resent.increment(self.queue.in_flight() as u64);
+            self.queue.unsend_all();
+            return;
         }
-        let acked = self
-            .connection
-            .acked
-            .load(Relaxed)
-            .saturating_sub(self.acked_base);
-        if self.sent_seq > self.confirmed_seq && acked >= self.requested {
+        let acked = events.acked.load(Relaxed).saturating_sub(self.acked_base);
+        if self.queue.in_flight() > 0 && acked >= self.requested {
             crash_point::reached("relay.before_mqtt_cursor");
-            self.unconfirmed.clear();
-            self.confirmed_seq = self.sent_seq;
-            self.cursors.mqtt.store(self.sent_seq, Relaxed);
+            self.queue.confirm_in_flight();
+            self.acked_base += self.requested;
+            self.requested = 0;
         }
     }
 }
 
 /// Polls the publisher's connection: counts the broker's PubAcks and the
-/// sessions it lost.
-async fn drive_connection(mut eventloop: rumqttc::EventLoop, events: Arc<ConnectionEvents>) {
+/// sessions it lost, and shows whether it is connected.
+async fn drive_connection(
+    mut eventloop: rumqttc::EventLoop,
+    events: Arc<ConnectionEvents>,
+    healthy: metrics::Gauge,
+) {
     let mut connected_before = false;
     loop {
         match eventloop.poll().await {
@@ -250,9 +284,13 @@ async fn drive_connection(mut eventloop: rumqttc::EventLoop, events: Arc<Connect
                     events.sessions_lost.fetch_add(1, Relaxed);
                 }
                 connected_before = true;
+                events.connected.store(true, Relaxed);
+                healthy.set(1.0);
             }
             Ok(_) => {}
             Err(e) => {
+                events.connected.store(false, Relaxed);
+                healthy.set(0.0);
                 tracing::warn!("events connection: {e}");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }

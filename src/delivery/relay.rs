@@ -1,6 +1,6 @@
 //! The local backends' way out: committed batches in commit order to the
-//! events file ([`EventsWriter`]), then each batch's completion, then the
-//! publisher ([`super::publisher`]).
+//! events file ([`EventsWriter`]), then room in each later output's queue
+//! ([`super::output_queue`]), then each batch's completion.
 //!
 //! * **File: exactly once.** Lines are written in seq order and skipped at
 //!   or below the file's last seq, which is read from the file itself at
@@ -10,19 +10,22 @@
 //!   seq synced to disk (every write under `always`, about once a second
 //!   under `flush`): what a power loss takes from the file's tail is still
 //!   in the outbox, and written again at the restart.
-//! * **MQTT: at least once.** The publisher's cursor moves only when the
-//!   broker has acked every publish so far; after a crash everything past
-//!   it is sent again, with the same `id`. Publishing runs apart from the
-//!   file so a broker outage never holds up the file, or the acks that wait
-//!   for it.
+//! * **MQTT and the webhook: at least once.** Each output's cursor moves
+//!   only as it confirms delivery (or dead-letters what passed its maximum
+//!   age); after a crash everything past it is sent again, with the same
+//!   `id`. Each runs apart from the file, with a bounded queue of its own:
+//!   an outage holds up neither the file nor the acks until that queue is
+//!   full.
 //!
-//! Completions wait for the file: acking before it would survive a crash
-//! just as well (the outbox holds the lines), but waiting keeps "acked ⇒
-//! in the file" true for readers of the file, and a broken events file
-//! pushes back on the broker instead of growing the outbox without bound.
+//! Completions wait for the file and for room in the queues: acking
+//! before would survive a crash just as well (the outbox holds the
+//! lines), but waiting keeps "acked ⇒ in the file" true for readers of the
+//! file, and a broken events file or a dead output pushes back on the
+//! broker instead of growing the outbox and memory without bound.
 
 use super::Cursors;
 use super::outbox::OutboxEntry;
+use super::output_queue::OutputFeed;
 use super::writer::EventsWriter;
 use crate::crash_point;
 use crate::shutdown::Drain;
@@ -41,7 +44,9 @@ pub struct Committed {
 pub struct Relay {
     pub file: Option<EventsWriter>,
     pub cursors: Arc<Cursors>,
-    pub publisher: Option<mpsc::UnboundedSender<Vec<OutboxEntry>>>,
+    /// The outputs after the file (MQTT, the webhook), each with a
+    /// bounded queue.
+    pub outputs: Vec<OutputFeed>,
     pub drain: Drain,
     /// Dropped when the relay stops: the committer waits for that.
     pub done: std::sync::mpsc::Sender<()>,
@@ -94,11 +99,30 @@ impl Relay {
                 self.cursors.file.store(file.synced_seq(), Relaxed);
             }
         }
+        // Room in every output's queue before the acks: a full one (an
+        // output that is down, not yet past its maximum age) holds them,
+        // and intake pushes back. A backlog larger than a queue goes in
+        // pieces, each once there is room for it.
+        if !self.outputs.is_empty() {
+            let piece = self
+                .outputs
+                .iter()
+                .map(OutputFeed::chunk)
+                .min()
+                .unwrap_or(1);
+            for piece in entries.chunks(piece.max(1)) {
+                for output in &self.outputs {
+                    if !output.make_room(piece.len(), &mut self.drain).await {
+                        return false;
+                    }
+                }
+                for output in &self.outputs {
+                    output.send(piece.to_vec());
+                }
+            }
+        }
         if let Some(then) = then {
             then();
-        }
-        if let Some(publisher) = &self.publisher {
-            let _ = publisher.send(entries);
         }
         true
     }

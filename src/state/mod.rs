@@ -36,10 +36,10 @@ pub mod redis;
 pub use config::{EmbeddedConfig, RedisConfig, StateBackend, StateConfig};
 pub use error::StateError;
 
+use crate::delivery::Outputs;
 use crate::geofence::{EvaluatorSettings, FenceIndex, Fix, VehicleSnapshot};
 use crate::model::VehicleId;
 use crate::shutdown::Drain;
-use rumqttc::{MqttOptions, NetworkOptions};
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -152,8 +152,8 @@ pub trait Backend: Send {
 pub struct OpenContext {
     /// The events file; `None` keeps transitions only in the store.
     pub events: Option<PathBuf>,
-    /// The connection transitions are also published on, if any.
-    pub events_connection: Option<(MqttOptions, NetworkOptions)>,
+    /// The outputs after the events file.
+    pub outputs: Outputs,
     pub settings: EvaluatorSettings,
     /// This instance's name among instances sharing state.
     pub instance: String,

@@ -106,6 +106,11 @@ impl Mosquitto {
             let _ = std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777));
         }
         let conf = dir.path().join("mosquitto.conf");
+        let queued = if extra.contains("max_queued_messages") {
+            ""
+        } else {
+            "max_queued_messages 200000\n"
+        };
         // A free port can be taken by a parallel test before mosquitto binds
         // it: then mosquitto exits, and another port is tried.
         for _ in 0..5 {
@@ -114,7 +119,7 @@ impl Mosquitto {
                 &conf,
                 format!(
                     "listener {port} 127.0.0.1\nallow_anonymous true\n{extra}persistence_location {}/\n\
-                     max_queued_messages 200000\nlog_type error\n",
+                     {queued}log_type error\n",
                     dir.path().display()
                 ),
             )
@@ -140,10 +145,20 @@ impl Mosquitto {
     /// Stops mosquitto cleanly (it saves its sessions) and starts it again
     /// on the same port.
     pub fn restart(&mut self) {
+        self.stop();
+        self.start_again();
+    }
+
+    /// Stops mosquitto cleanly (it saves its sessions).
+    pub fn stop(&mut self) {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
         let _ = self.child.wait();
+    }
+
+    /// Starts a stopped mosquitto again on the same port.
+    pub fn start_again(&mut self) {
         self.child = Command::new(&self.binary)
             .arg("-c")
             .arg(&self.conf)

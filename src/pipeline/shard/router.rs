@@ -11,6 +11,7 @@ use crate::admission::{ShedCause, Verdict};
 use crate::allowance::Spend;
 use crate::clock::Clock;
 use crate::codec::{self, CodecSettings, Dedup, Reason};
+use crate::delivery::output_queue::Expired;
 use crate::model::Priority;
 use crate::pipeline::accounting::Accounting;
 use crate::pipeline::decode::Decoded;
@@ -52,6 +53,8 @@ pub struct Router<C: Clock> {
     pub counters: RefusalCounters,
     /// Fixes the state did not apply, to be dead-lettered and then acked.
     pub unapplied: mpsc::UnboundedReceiver<Unapplied>,
+    /// Transitions an output gave up on past its maximum age.
+    pub expired: mpsc::UnboundedReceiver<Expired>,
 }
 
 /// A fix the state did not apply: its message goes to the dead letter, so
@@ -204,6 +207,10 @@ impl<C: Clock> Router<C> {
                     self.finish_refusals().await;
                     continue;
                 }
+                Some(expired) = self.expired.recv() => {
+                    self.write_expired(expired).await;
+                    continue;
+                }
             };
             // Received = taken by the router: a message still in a decode
             // lane at a crash was never counted, nor acked. Counted per
@@ -245,10 +252,30 @@ impl<C: Clock> Router<C> {
                     }
                     None => break,
                 },
+                Some(expired) = self.expired.recv() => self.write_expired(expired).await,
                 _ = self.drain.wait() => break,
             }
         }
         self.dead_letter
+    }
+
+    /// Writes the records of transitions an output gave up on, one each
+    /// (the line as its payload, the commit time as its receive time, the
+    /// topic it has over MQTT), and tells the output once they are written.
+    async fn write_expired(&mut self, expired: Expired) {
+        let reason = format!("{}_expired", expired.output);
+        for e in &expired.entries {
+            let topic = format!("geogate/events/{}", e.vehicle);
+            let detail = format!("seq {}: {}", e.seq, expired.detail);
+            let record = DeadLetter::new(e.committed_ms, &topic, &reason, detail, &e.line);
+            self.dead_letter.queue(&record);
+        }
+        self.finish_refusals().await;
+        if !self.dead_letter.has_unflushed() {
+            metrics::counter!(DEAD_LETTER_WRITTEN_TOTAL, "reason" => reason)
+                .increment(expired.entries.len() as u64);
+            let _ = expired.written.send(());
+        }
     }
 
     /// Queues the dead-letter record of a fix the state did not apply.
@@ -612,6 +639,7 @@ mod tests {
             refused: Vec::new(),
             counters: RefusalCounters::new(),
             unapplied: mpsc::unbounded_channel().1,
+            expired: mpsc::unbounded_channel().1,
         };
         if records.len() != steps.len() {
             return Err(format!("{} records, {} steps", records.len(), steps.len()));

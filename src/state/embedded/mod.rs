@@ -41,18 +41,20 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// Version 4 keeps the log of held fixes a row per commit (`held_log`,
+/// Version 5 records each outbox row's commit time (`committed_ms`), from
+/// which an output's maximum age counts; opening adds the column to an
+/// older file, its rows at 0 (unknown). Version 4 keeps the log of held fixes a row per commit (`held_log`,
 /// [`held_batch`], [`held_log`]); version 3 kept a row per fix, in a table `held` that
 /// opening moves over. An older geogate would not read the log: it
 /// refuses the file instead of dropping held fixes. Version 2 keeps the
 /// outbox a row per commit ([`outbox_rows`]); version 1 kept a row per
 /// entry, in a table `outbox` that opening moves over.
-const SCHEMA_VERSION: i64 = 4;
+const SCHEMA_VERSION: i64 = 5;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS vehicle (id TEXT PRIMARY KEY, state BLOB NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS held_log (id INTEGER PRIMARY KEY, changes BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS outbox_commit (last_seq INTEGER PRIMARY KEY, first_seq INTEGER NOT NULL, entries BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS outbox_commit (last_seq INTEGER PRIMARY KEY, first_seq INTEGER NOT NULL, entries BLOB NOT NULL, committed_ms INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 ";
 
@@ -260,7 +262,9 @@ impl EmbeddedStore {
         let vehicles = with_held(vehicles, held);
         let mut stmt = self
             .conn
-            .prepare("SELECT first_seq, last_seq, entries FROM outbox_commit ORDER BY last_seq")
+            .prepare(
+                "SELECT first_seq, last_seq, entries, committed_ms FROM outbox_commit ORDER BY last_seq",
+            )
             .map_err(sql)?;
         let mut rows = stmt.query([]).map_err(sql)?;
         let mut outbox = Vec::new();
@@ -283,7 +287,8 @@ impl EmbeddedStore {
                 ValueRef::Blob(bytes) => bytes,
                 _ => return Err(corrupt(OutboxRowError::NotBytes)),
             };
-            outbox_rows::unpack(first, last, bytes, &mut outbox).map_err(corrupt)?;
+            let committed_ms = row.get::<_, i64>(3).map_err(sql)?;
+            outbox_rows::unpack(first, last, committed_ms, bytes, &mut outbox).map_err(corrupt)?;
         }
         Ok(Recovered {
             vehicles,
@@ -419,10 +424,15 @@ impl Store for EmbeddedStore {
 /// Appends entries to the outbox, a row per run of consecutive seqs.
 fn append_outbox(tx: &Transaction, entries: &[OutboxEntry]) -> rusqlite::Result<()> {
     let mut append = tx.prepare_cached(
-        "INSERT INTO outbox_commit (last_seq, first_seq, entries) VALUES (?1, ?2, ?3)",
+        "INSERT INTO outbox_commit (last_seq, first_seq, entries, committed_ms) VALUES (?1, ?2, ?3, ?4)",
     )?;
     for row in outbox_rows::pack(entries) {
-        append.execute(params![stored(row.last), stored(row.first), row.bytes])?;
+        append.execute(params![
+            stored(row.last),
+            stored(row.first),
+            row.bytes,
+            row.committed_ms
+        ])?;
     }
     Ok(())
 }
@@ -455,6 +465,16 @@ fn upgrade(tx: &Transaction, reset: bool) -> rusqlite::Result<i64> {
         }
     }
     tx.execute_batch(SCHEMA)?;
+    let has_commit_times: bool = tx.query_row(
+        "SELECT EXISTS (SELECT 1 FROM pragma_table_info('outbox_commit') WHERE name = 'committed_ms')",
+        [],
+        |r| r.get(0),
+    )?;
+    if !has_commit_times {
+        tx.execute_batch(
+            "ALTER TABLE outbox_commit ADD COLUMN committed_ms INTEGER NOT NULL DEFAULT 0",
+        )?;
+    }
     tx.execute(
         "INSERT OR IGNORE INTO meta VALUES ('schema', ?1), ('next_seq', 1), ('mqtt_cursor', 0), ('file_cursor', ?2)",
         params![SCHEMA_VERSION, stored(NO_FILE_CURSOR)],
@@ -468,6 +488,7 @@ fn upgrade(tx: &Transaction, reset: bool) -> rusqlite::Result<i64> {
                         seq: r.get::<_, i64>(0)?.max(0) as u64,
                         vehicle: VehicleId::from(r.get::<_, String>(1)?),
                         line: r.get(2)?,
+                        committed_ms: 0,
                     })
                 })?
                 .collect::<Result<Vec<_>, _>>()?;
@@ -589,6 +610,7 @@ mod tests {
             seq,
             vehicle: "van7".into(),
             line: format!(r#"{{"seq":{seq}}}"#).into_bytes(),
+            committed_ms: 0,
         }
     }
 
@@ -813,6 +835,38 @@ mod tests {
         assert!(recovered.vehicles.is_empty());
     }
 
+    /// A version 4 file's outbox rows have no commit time: the column is
+    /// added at open, its rows read as unknown (0), and commits made after
+    /// keep theirs.
+    #[test]
+    fn a_version_4_outbox_gains_commit_times() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = created_then_altered(
+            dir.path(),
+            "DROP TABLE outbox_commit;
+             CREATE TABLE outbox_commit (last_seq INTEGER PRIMARY KEY, first_seq INTEGER NOT NULL, entries BLOB NOT NULL);
+             INSERT INTO outbox_commit VALUES (2, 2, x'0476616e37097b22736571223a327d');
+             UPDATE meta SET value = 3 WHERE key = 'next_seq';
+             UPDATE meta SET value = 4 WHERE key = 'schema';",
+        );
+        let (mut store, recovered) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
+        assert_eq!(recovered.outbox, vec![entry(2)]);
+        assert_eq!(schema_version(&store.conn), SCHEMA_VERSION);
+        store
+            .commit(&CommitBatch {
+                outbox: vec![entry(3).committed_at(1_700)],
+                next_seq: 4,
+                ..CommitBatch::default()
+            })
+            .unwrap();
+        drop(store);
+        let (_, recovered) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
+        assert_eq!(
+            recovered.outbox,
+            vec![entry(2), entry(3).committed_at(1_700)]
+        );
+    }
+
     /// A store created in `dir`, then made a version 3 file (a row per
     /// held fix, in `held`) holding what `rows` inserts.
     fn version_3_file(dir: &Path, rows: &str) -> StateConfig {
@@ -983,7 +1037,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let config = created_then_altered(
             dir.path(),
-            "INSERT INTO outbox_commit VALUES (9, 8, x'0476616e')",
+            "INSERT INTO outbox_commit VALUES (9, 8, x'0476616e', 0)",
         );
         let refused = EmbeddedStore::open(&config.embedded.path, &config)
             .err()

@@ -9,9 +9,9 @@
 //! what the write-ahead log carried
 //! (docs/decisions/0005-outbox-row-per-commit-and-spaced-commits.md).
 //!
-//! Layout: the run's first and last seq are the row's columns; its bytes
-//! are each entry in seq order as varint length + vehicle id, then varint
-//! length + line. A run longer than [`MAX_ENTRIES_PER_ROW`] (a version 1
+//! Layout: the run's first and last seq and its commit time are the row's
+//! columns; its bytes are each entry in seq order as varint length +
+//! vehicle id, then varint length + line. A run longer than [`MAX_ENTRIES_PER_ROW`] (a version 1
 //! outbox moved over after a long broker outage) takes several rows.
 
 use crate::delivery::outbox::OutboxEntry;
@@ -41,22 +41,24 @@ pub enum OutboxRowError {
     NotBytes,
 }
 
-/// One row: entries `first..=last`, packed.
+/// One row: entries `first..=last`, committed at `committed_ms`, packed.
 #[derive(Debug, PartialEq, Eq)]
 pub struct OutboxRow {
     pub first: u64,
     pub last: u64,
+    pub committed_ms: i64,
     pub bytes: Vec<u8>,
 }
 
 /// The rows for entries in seq order: a new row wherever a seq is not the
-/// one after its predecessor's.
+/// one after its predecessor's, or its commit time differs.
 pub fn pack(entries: &[OutboxEntry]) -> Vec<OutboxRow> {
     let mut rows: Vec<OutboxRow> = Vec::new();
     for e in entries {
         let row = match rows.last_mut() {
             Some(row)
                 if row.last.checked_add(1) == Some(e.seq)
+                    && row.committed_ms == e.committed_ms
                     && row.last - row.first + 1 < MAX_ENTRIES_PER_ROW =>
             {
                 row
@@ -65,6 +67,7 @@ pub fn pack(entries: &[OutboxEntry]) -> Vec<OutboxRow> {
                 rows.push(OutboxRow {
                     first: e.seq,
                     last: e.seq,
+                    committed_ms: e.committed_ms,
                     bytes: Vec::new(),
                 });
                 rows.last_mut().expect("just pushed")
@@ -78,12 +81,14 @@ pub fn pack(entries: &[OutboxEntry]) -> Vec<OutboxRow> {
     rows
 }
 
-/// The entries of the row holding seqs `first..=last`, appended to `into`.
+/// The entries of the row holding seqs `first..=last`, committed at
+/// `committed_ms`, appended to `into`.
 /// A row that ends early, holds more or fewer entries than its seqs need,
 /// or is not UTF-8 where an id is expected is an error, never a panic.
 pub fn unpack(
     first: u64,
     last: u64,
+    committed_ms: i64,
     bytes: &[u8],
     into: &mut Vec<OutboxEntry>,
 ) -> Result<(), OutboxRowError> {
@@ -112,6 +117,7 @@ pub fn unpack(
             seq: first + held,
             vehicle,
             line,
+            committed_ms,
         });
         held += 1;
     }
@@ -130,6 +136,7 @@ mod tests {
         prop::collection::vec(
             (
                 1u64..4,
+                0i64..3,
                 "\\PC{0,12}",
                 prop::collection::vec(any::<u8>(), 0..200),
             ),
@@ -138,13 +145,14 @@ mod tests {
         .prop_map(|raw| {
             let mut seq = 0;
             raw.into_iter()
-                .map(|(step, vehicle, line)| {
+                .map(|(step, committed_ms, vehicle, line)| {
                     // Mostly consecutive, with gaps now and then.
                     seq += if step == 3 { 5 } else { 1 };
                     OutboxEntry {
                         seq,
                         vehicle: vehicle.into(),
                         line,
+                        committed_ms,
                     }
                 })
                 .collect()
@@ -154,7 +162,7 @@ mod tests {
     fn unpack_all(rows: &[OutboxRow]) -> Result<Vec<OutboxEntry>, OutboxRowError> {
         let mut out = Vec::new();
         for row in rows {
-            unpack(row.first, row.last, &row.bytes, &mut out)?;
+            unpack(row.first, row.last, row.committed_ms, &row.bytes, &mut out)?;
         }
         Ok(out)
     }
@@ -166,7 +174,10 @@ mod tests {
         fn round_trips(entries in entries()) {
             let rows = pack(&entries);
             prop_assert_eq!(unpack_all(&rows), Ok(entries.clone()));
-            let gaps = entries.windows(2).filter(|w| w[1].seq != w[0].seq + 1).count();
+            let gaps = entries
+                .windows(2)
+                .filter(|w| w[1].seq != w[0].seq + 1 || w[1].committed_ms != w[0].committed_ms)
+                .count();
             prop_assert_eq!(rows.len(), if entries.is_empty() { 0 } else { gaps + 1 });
         }
 
@@ -176,11 +187,11 @@ mod tests {
         fn damage_is_an_error(entries in entries()) {
             for row in pack(&entries) {
                 for cut in 0..row.bytes.len() {
-                    prop_assert!(unpack(row.first, row.last, &row.bytes[..cut], &mut Vec::new()).is_err());
+                    prop_assert!(unpack(row.first, row.last, 0, &row.bytes[..cut], &mut Vec::new()).is_err());
                 }
-                prop_assert!(unpack(row.first, row.last + 1, &row.bytes, &mut Vec::new()).is_err());
+                prop_assert!(unpack(row.first, row.last + 1, 0, &row.bytes, &mut Vec::new()).is_err());
                 if row.last > row.first {
-                    prop_assert!(unpack(row.first, row.last - 1, &row.bytes, &mut Vec::new()).is_err());
+                    prop_assert!(unpack(row.first, row.last - 1, 0, &row.bytes, &mut Vec::new()).is_err());
                 }
             }
         }
@@ -192,6 +203,7 @@ mod tests {
             seq,
             vehicle: "van1".into(),
             line: br#"{"seq":1}"#.to_vec(),
+            committed_ms: 5,
         };
         let rows = pack(&[entry(7), entry(8), entry(9)]);
         assert_eq!(rows.len(), 1);
@@ -201,11 +213,11 @@ mod tests {
         let mut bad = rows[0].bytes.clone();
         bad[1] = 0xff;
         assert_eq!(
-            unpack(7, 9, &bad, &mut Vec::new()),
+            unpack(7, 9, 5, &bad, &mut Vec::new()),
             Err(OutboxRowError::VehicleNotUtf8(0))
         );
         assert_eq!(
-            unpack(7, 10, &rows[0].bytes, &mut Vec::new()),
+            unpack(7, 10, 5, &rows[0].bytes, &mut Vec::new()),
             Err(OutboxRowError::Count {
                 held: 3,
                 first: 7,
@@ -225,6 +237,7 @@ mod tests {
                 seq,
                 vehicle: "v".into(),
                 line: vec![b'x'],
+                committed_ms: 0,
             })
             .collect();
         let rows = pack(&entries);

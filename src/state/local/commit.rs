@@ -174,12 +174,15 @@ impl Committer {
             let first_seq = self.next_seq;
             let mut latest = LatestChanges::default();
             let mut received = Vec::new();
+            let committed_ms = receive_now_ms();
             for request in waiting.drain(..) {
                 latest.add(&mut batch.vehicles, request.vehicles);
                 let mut packed = request.held;
                 batch.held.append(&mut packed);
                 for t in &request.transitions {
-                    batch.outbox.push(OutboxEntry::new(self.next_seq, t));
+                    batch
+                        .outbox
+                        .push(OutboxEntry::new(self.next_seq, t).committed_at(committed_ms));
                     self.next_seq += 1;
                     received.push(t.received_ms);
                 }

@@ -31,7 +31,6 @@ use held_batch::HeldBatch;
 use shard::LocalShard;
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use store::{CommitBatch, Opened};
 use tokio::sync::mpsc;
@@ -82,22 +81,20 @@ impl LocalBackend {
         }
         let durable = store.durable();
         // A destination that is not configured never holds the outbox back.
-        let cursors = Arc::new(Cursors {
+        let cursors = Arc::new(Cursors::new(
             // No further than the file held on disk at the last commit:
             // its tail may not be synced yet (the writer syncs it once it
             // opens, and the relay moves the cursor on).
-            file: AtomicU64::new(events.map_or(u64::MAX, |_| file_seq.min(recovered.file_cursor))),
-            mqtt: AtomicU64::new(
-                // Stored as "all" while no broker was configured: one
-                // configured since then starts after what is committed,
-                // not after everything that will ever be.
-                ctx.events_connection.as_ref().map_or(u64::MAX, |_| {
-                    recovered
-                        .mqtt_cursor
-                        .min(recovered.next_seq.saturating_sub(1))
-                }),
-            ),
-        });
+            events.map_or(u64::MAX, |_| file_seq.min(recovered.file_cursor)),
+            // Stored as "all" while no broker was configured: one
+            // configured since then starts after what is committed, not
+            // after everything that will ever be.
+            ctx.outputs.mqtt.as_ref().map_or(u64::MAX, |_| {
+                recovered
+                    .mqtt_cursor
+                    .min(recovered.next_seq.saturating_sub(1))
+            }),
+        ));
         let (restored, mut changes) = prune_to_fences(recovered.vehicles, &ctx.fences);
         let (mut restored, down_ms) =
             resume_receive_clock(restored, crate::clock::receive_now_ms());
@@ -148,24 +145,25 @@ impl LocalBackend {
             ),
             None => None,
         };
-        let (publisher, to_publisher) = match ctx.events_connection {
-            Some(connection) => {
-                let (publisher, tx) = Publisher::spawn(
-                    connection,
-                    cursors.clone(),
+        let (publisher, outputs) = match ctx.outputs.mqtt {
+            Some((options, network, limits)) => {
+                let (publisher, feed) = Publisher::spawn(
+                    (options, network),
+                    limits,
+                    cursors.mqtt.clone(),
                     ctx.drain.clone(),
                     done_tx.clone(),
-                    recovered.outbox.clone(),
+                    ctx.outputs.dead_letter.clone(),
                 );
-                (Some(publisher), Some(tx))
+                (Some(publisher), vec![feed])
             }
-            None => (None, None),
+            None => (None, Vec::new()),
         };
         let (committed_tx, committed_rx) = mpsc::unbounded_channel();
         let relay = Relay {
             file,
             cursors: cursors.clone(),
-            publisher: to_publisher,
+            outputs,
             drain: ctx.drain.clone(),
             done: done_tx,
         };
@@ -341,7 +339,7 @@ mod tests {
     fn context(events: Option<std::path::PathBuf>, settings: EvaluatorSettings) -> OpenContext {
         OpenContext {
             events,
-            events_connection: None,
+            outputs: Default::default(),
             settings,
             instance: "test".into(),
             fence_fingerprint: watch::channel(String::new()).1,

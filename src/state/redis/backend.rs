@@ -36,7 +36,7 @@ impl RedisBackend {
             &ctx.settings,
             events,
             &ctx.instance,
-            ctx.events_connection,
+            ctx.outputs,
             ctx.fence_fingerprint,
             ctx.drain.clone(),
         )

@@ -23,6 +23,7 @@ use super::fence_sets::FenceSets;
 use crate::backoff::Backoff;
 use crate::crash_point;
 use crate::delivery::outbox::{OutboxEntry, transition_id};
+use crate::delivery::output_queue::OutputFeed;
 use crate::delivery::writer::EventsWriter;
 use crate::geofence::{Transition, TransitionKind};
 use crate::redis_link::RedisLink;
@@ -72,8 +73,9 @@ pub struct OutboxConsumer {
     pub unacked: std::collections::BTreeMap<(u32, String), u64>,
     /// Registers this instance's fence set each housekeeping pass.
     pub fence_sets: FenceSets,
-    /// The publisher, when transitions also go over MQTT.
-    pub publisher: Option<tokio::sync::mpsc::UnboundedSender<Vec<OutboxEntry>>>,
+    /// The publisher's feed, when transitions also go over MQTT, and what
+    /// the events file holds that it has not confirmed (handed over first).
+    pub publisher: Option<(OutputFeed, Vec<OutboxEntry>)>,
 }
 
 impl OutboxConsumer {
@@ -88,6 +90,12 @@ impl OutboxConsumer {
     }
 
     async fn deliver_until(&mut self, mut stop: watch::Receiver<bool>, mut drain: Drain) {
+        if let Some((_, backlog)) = &mut self.publisher {
+            let backlog = std::mem::take(backlog);
+            if !self.publish(backlog, &mut drain).await {
+                return;
+            }
+        }
         let errors = metrics::counter!(STATE_REDIS_ERRORS_TOTAL);
         let delivered = metrics::counter!(OUTBOX_DELIVERED_TOTAL);
         let claimed = metrics::counter!(OUTBOX_CLAIMED_TOTAL);
@@ -255,6 +263,8 @@ impl OutboxConsumer {
         crash_point::reached("outbox.read");
         let mut written = Vec::new();
         let mut lines = Vec::with_capacity(entries.len());
+        // Its age for the outputs after the file counts from here.
+        let now_ms = crate::clock::receive_now_ms();
         for entry in entries {
             let key = (p, entry.id.clone());
             if self.unacked.contains_key(&key) {
@@ -275,7 +285,7 @@ impl OutboxConsumer {
                 lines.push((key, 0));
                 continue;
             }
-            written.push(OutboxEntry::new(self.next_seq, &t));
+            written.push(OutboxEntry::new(self.next_seq, &t).committed_at(now_ms));
             lines.push((key, self.next_seq));
             self.next_seq += 1;
         }
@@ -286,22 +296,38 @@ impl OutboxConsumer {
         }
         crash_point::reached("outbox.written");
         let count = written.len() as u64;
-        if let Some(publisher) = &self.publisher
-            && !written.is_empty()
-            && publisher.send(written).is_err()
-        {
-            // The publisher outlives this consumer unless it failed; its
-            // cursor brings these back at the next start.
-            tracing::error!(
-                "events over MQTT: the publisher has stopped; transitions go to the events file only until a restart"
-            );
-            self.publisher = None;
-        }
         // Written: from here on these entries must be acked, never
         // delivered again, so they are kept until an ack succeeds.
         self.unacked.extend(lines);
+        if !self.publish(written, drain).await {
+            return Err("the drain deadline passed with the MQTT queue full".into());
+        }
         self.ack_written().await?;
         Ok(count)
+    }
+
+    /// Hands written entries to the publisher once its queue has room for
+    /// them (a full one holds this consumer, and the streams keep the
+    /// rest); false if the drain deadline passed first.
+    async fn publish(&mut self, entries: Vec<OutboxEntry>, drain: &mut Drain) -> bool {
+        let Some((feed, _)) = &self.publisher else {
+            return true;
+        };
+        for piece in entries.chunks(feed.chunk().max(1)) {
+            if !feed.make_room(piece.len(), drain).await {
+                return false;
+            }
+            if !feed.send(piece.to_vec()) {
+                // The publisher outlives this consumer unless it failed;
+                // its cursor brings these back at the next start.
+                tracing::error!(
+                    "events over MQTT: the publisher has stopped; transitions go to the events file only until a restart"
+                );
+                self.publisher = None;
+                return true;
+            }
+        }
+        true
     }
 
     /// Acks every entry whose line is on disk, each partition on its own:

@@ -8,6 +8,7 @@ use super::fence_sets::FenceSets;
 use super::mqtt_cursor::MqttCursor;
 use super::{SharedRules, SharedStateError};
 use crate::delivery::Cursors;
+use crate::delivery::Outputs;
 use crate::delivery::events_file;
 use crate::delivery::publisher::Publisher;
 use crate::delivery::writer::EventsWriter;
@@ -39,7 +40,7 @@ impl SharedStage {
         settings: &EvaluatorSettings,
         events: &Path,
         consumer_name: &str,
-        events_connection: Option<(rumqttc::MqttOptions, rumqttc::NetworkOptions)>,
+        outputs: Outputs,
         fence_set: watch::Receiver<String>,
         drain: Drain,
     ) -> Result<Self, StateError> {
@@ -86,8 +87,8 @@ impl SharedStage {
         )
         .map_err(events_error)?;
         let (stop, stop_rx) = watch::channel(false);
-        let (publisher, mqtt) = match events_connection {
-            Some(connection) => {
+        let (publisher, mqtt) = match outputs.mqtt {
+            Some((options, network, limits)) => {
                 let cursor = MqttCursor::beside(events);
                 let confirmed = cursor.load(next_seq - 1).map_err(StateError::Shared)?;
                 let backlog =
@@ -99,18 +100,21 @@ impl SharedStage {
                         events.display()
                     );
                 }
-                let cursors = Arc::new(Cursors {
-                    file: u64::MAX.into(),
-                    mqtt: confirmed.into(),
-                });
+                let cursors = Arc::new(Cursors::new(u64::MAX, confirmed));
                 // Nothing waits for the publisher's `done`: the stage
                 // awaits its task instead.
                 let (done, _) = std::sync::mpsc::channel();
-                let (task, tx) =
-                    Publisher::spawn(connection, cursors.clone(), drain.clone(), done, backlog);
+                let (task, feed) = Publisher::spawn(
+                    (options, network),
+                    limits,
+                    cursors.mqtt.clone(),
+                    drain.clone(),
+                    done,
+                    outputs.dead_letter.clone(),
+                );
                 let (keeper_stop, keeper_stop_rx) = watch::channel(false);
                 let keeper = tokio::spawn(cursor.keep(confirmed, cursors, keeper_stop_rx));
-                (Some(tx), Some((task, keeper, keeper_stop)))
+                (Some((feed, backlog)), Some((task, keeper, keeper_stop)))
             }
             None => {
                 MqttCursor::beside(events)
