@@ -78,6 +78,7 @@ fn batch(n: usize, first_seq: u64) -> CommitBatch {
         // The relay is one batch behind.
         file_cursor: first_seq.saturating_sub(1),
         mqtt_cursor: u64::MAX,
+        webhook_cursor: u64::MAX,
     }
 }
 

@@ -12,7 +12,9 @@
 //! (committed, nothing acked or written out), `relay.mid_line` (half a
 //! line in the events file), `relay.before_cursor` (lines written, the
 //! cursor not yet moved), `relay.unsynced` (lines written and the cursor
-//! moved, some of them not yet synced, so not let go of), `relay.before_mqtt_cursor` (published, the MQTT
+//! moved, some of them not yet synced, so not let go of),
+//! `relay.before_mqtt_cursor` (published, the MQTT cursor not yet moved),
+//! `webhook.before_cursor` (a batch the receiver accepted, the webhook's
 //! cursor not yet moved). With the redis backend: `shared.applied` (a
 //! batch applied in Redis, its messages not acked), `outbox.read` (entries
 //! taken from a stream, not yet written), `outbox.written` (lines written,

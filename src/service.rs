@@ -16,6 +16,7 @@ use crate::clock::MonotonicClock;
 use crate::codec::Dedup;
 use crate::config::Config;
 use crate::delivery::Outputs;
+use crate::delivery::webhook::WebhookTarget;
 use crate::geofence::{
     EvaluatorSettings, FenceErrors, FenceIndex, fingerprint, parse_fences, read_fence_file,
 };
@@ -216,6 +217,23 @@ pub async fn run(
     } else {
         None
     };
+    let events_webhook = match &config.events.webhook {
+        Some(w) => {
+            let url = reqwest::Url::parse(&w.url)
+                .map_err(|e| ServiceError::Config(format!("events.webhook.url: {e}")))?;
+            let secret = w.load_secret().map_err(ServiceError::Config)?;
+            Some((
+                WebhookTarget {
+                    url,
+                    secret: secret.into(),
+                    batch: w.batch,
+                    timeout: Duration::from_millis(w.timeout_ms),
+                },
+                w.limits(config.events.max_pending),
+            ))
+        }
+        None => None,
+    };
     let initial_fences = fence_rx.borrow().clone();
     // What an output gives up on goes to the router, which owns the dead
     // letter.
@@ -226,6 +244,7 @@ pub async fn run(
             events: config.events.path.clone(),
             outputs: Outputs {
                 mqtt: events_mqtt,
+                webhook: events_webhook,
                 dead_letter: Some(expired_tx),
             },
             settings,

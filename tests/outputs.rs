@@ -547,3 +547,311 @@ fn past_its_maximum_age_an_unpublished_transition_goes_to_the_dead_letter() {
         "every transition published or dead-lettered"
     );
 }
+
+const WEBHOOK_HEALTHY: &str = r#"geogate_sink_healthy{sink="webhook"}"#;
+const WEBHOOK_RETRIES: &str = r#"geogate_output_retries_total{output="webhook"}"#;
+const WEBHOOK_EXPIRED: &str = r#"geogate_output_expired_total{output="webhook"}"#;
+const WEBHOOK_DELIVERED: &str = r#"geogate_output_delivered_total{output="webhook"}"#;
+const SECRET: &str = "s3cret-shared-with-the-receiver";
+
+/// geogate posting its transitions to `receiver`, signed with `secret`,
+/// stopping first at `crash_point` if one is given.
+fn with_webhook(
+    dir: &Path,
+    port: u16,
+    id: &str,
+    url: &str,
+    secret: &str,
+    extra: &str,
+    crash_point: Option<&str>,
+) -> GeogateProcess {
+    std::fs::write(dir.join("fences.geojson"), FENCES).unwrap();
+    let secret_file = dir.join("webhook.secret");
+    std::fs::write(&secret_file, format!("{secret}\n")).unwrap();
+    let table = format!(
+        "[events.webhook]\nurl = \"{url}\"\nsecret_file = \"{}\"\nbatch = 20\ntimeout_ms = 1000\n{extra}\n",
+        secret_file.display()
+    );
+    let mut geogate = GeogateProcess::prepare(dir, &setup(port, id, ""), |config| {
+        config.replace("[state]\n", &format!("{table}[state]\n"))
+    });
+    geogate.set_crash_point(crash_point);
+    geogate.restart();
+    geogate
+}
+
+/// Each vehicle's transitions, in the order of their first arrival, are in
+/// seq order, and every transition in the file arrived.
+fn assert_all_arrived_in_order(accepted: &[(String, String, u64)], events: &[serde_json::Value]) {
+    let mut first = std::collections::BTreeMap::<String, Vec<u64>>::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for (id, vehicle, seq) in accepted {
+        if seen.insert(id.clone()) {
+            first.entry(vehicle.clone()).or_default().push(*seq);
+        }
+    }
+    for (vehicle, seqs) in &first {
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "{vehicle}'s transitions out of order: {seqs:?}"
+        );
+    }
+    assert_eq!(seen, ids(events), "every transition in the file arrived");
+}
+
+/// The receiver down for longer than many retries, then up: every
+/// transition arrives, in order per vehicle, each request signed.
+#[test]
+fn a_webhook_receiver_down_then_up_gets_every_transition_in_order() {
+    let _serial = exclusive();
+    let (Some(broker), Some(mut receiver)) = (
+        support::Mosquitto::start(),
+        support::webhook::WebhookReceiver::start(SECRET),
+    ) else {
+        return;
+    };
+    receiver.stop();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let url = receiver.url();
+    let mut geogate = with_webhook(dir.path(), broker.port, "hook-down", &url, SECRET, "", None);
+    runtime.block_on(publish_all(
+        broker.port,
+        &fleet(0..FIXES),
+        Some(Duration::from_millis(2)),
+    ));
+    geogate.wait_processed(total(), 60);
+    wait_until(30, "several failed attempts", || {
+        geogate.series(WEBHOOK_RETRIES) >= 5.0 * 20.0
+    });
+    assert_eq!(geogate.series(WEBHOOK_HEALTHY), 0.0);
+    assert_eq!(geogate.series(WEBHOOK_DELIVERED), 0.0);
+    receiver.start_again();
+    wait_until(60, "every transition posted", || {
+        ids(&events_of(dir.path()))
+            .iter()
+            .all(|id| receiver.accepted().iter().any(|(got, ..)| got == id))
+    });
+    assert_eq!(geogate.series(WEBHOOK_HEALTHY), 1.0);
+    let (ok, stdout) = geogate.stop();
+    assert!(ok, "{stdout}");
+    let events = events_of(dir.path());
+    assert!(events.len() > 100);
+    assert_all_arrived_in_order(&receiver.accepted(), &events);
+    assert!(
+        receiver
+            .requests()
+            .iter()
+            .all(|r| r["signature_ok"] == true)
+    );
+}
+
+/// geogate SIGKILLed after the receiver accepted a batch and before its
+/// cursor moved: after the restart that batch is posted again, with the
+/// same ids (at least once), and every transition arrives.
+#[test]
+fn a_webhook_batch_in_flight_at_a_sigkill_is_posted_again_with_the_same_ids() {
+    let _serial = exclusive();
+    let (Some(broker), Some(receiver)) = (
+        support::Mosquitto::start(),
+        support::webhook::WebhookReceiver::start(SECRET),
+    ) else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let want = reference(broker.port, &runtime);
+    let dir = tempfile::tempdir().unwrap();
+    let mut geogate = with_webhook(
+        dir.path(),
+        broker.port,
+        "hook-kill",
+        &receiver.url(),
+        SECRET,
+        "",
+        Some("webhook.before_cursor:3"),
+    );
+    let port = broker.port;
+    let publishing =
+        runtime.spawn(async move { publish_all(port, &fleet(0..FIXES), Some(PACE)).await });
+    geogate.wait_for_crash_point();
+    geogate.kill();
+    let before_kill = receiver.accepted();
+    assert!(!before_kill.is_empty());
+    geogate.restart();
+    runtime.block_on(publishing).unwrap();
+    wait_until(60, "every transition in the file", || {
+        events_of(dir.path()).len() >= want.len()
+    });
+    wait_until(60, "every transition posted", || {
+        let got: std::collections::BTreeSet<String> =
+            receiver.accepted().into_iter().map(|(id, ..)| id).collect();
+        ids(&events_of(dir.path())).is_subset(&got)
+    });
+    let (ok, stdout) = geogate.stop();
+    assert!(ok, "{stdout}");
+    let events = events_of(dir.path());
+    assert_seqs_gap_free(&events, "the events file");
+    assert!(
+        multiset(&events) == want,
+        "the file is as in the uninterrupted run"
+    );
+    let accepted = receiver.accepted();
+    // The batch the kill caught is in again: the fault hit in-flight work.
+    let last_before = &before_kill[before_kill.len() - 1].0;
+    assert!(
+        accepted.iter().filter(|(id, ..)| id == last_before).count() >= 2,
+        "the batch accepted before the kill was posted again"
+    );
+    assert_all_arrived_in_order(&accepted, &events_of(dir.path()));
+}
+
+/// A receiver that answers 500 three times, then 200; then one slower than
+/// the request timeout, then fast again: the failed attempts are retried,
+/// counted and shown, and every transition arrives.
+#[test]
+fn a_failing_then_slow_webhook_receiver_gets_everything_by_retries() {
+    let _serial = exclusive();
+    let (Some(broker), Some(receiver)) = (
+        support::Mosquitto::start(),
+        support::webhook::WebhookReceiver::start(SECRET),
+    ) else {
+        return;
+    };
+    receiver.answer(r#"{"status": 200, "fail_first": 3, "fail_status": 500}"#);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut geogate = with_webhook(
+        dir.path(),
+        broker.port,
+        "hook-500",
+        &receiver.url(),
+        SECRET,
+        "",
+        None,
+    );
+    runtime.block_on(publish_all(
+        broker.port,
+        &crossing_fixes("f", 5, 0, 50),
+        None,
+    ));
+    geogate.wait_processed(50.0, 30);
+    wait_until(30, "the first transitions posted", || {
+        let statuses: Vec<u64> = receiver
+            .requests()
+            .iter()
+            .filter_map(|r| r["status"].as_u64())
+            .collect();
+        statuses.starts_with(&[500, 500, 500]) && statuses.contains(&200)
+    });
+    assert!(geogate.series(WEBHOOK_RETRIES) >= 3.0);
+    // Slower than timeout_ms (1 s): each attempt times out.
+    receiver.answer(r#"{"status": 200, "delay_ms": 1500}"#);
+    let retried = geogate.series(WEBHOOK_RETRIES);
+    runtime.block_on(publish_all(
+        broker.port,
+        &crossing_fixes("f", 5, 50, 50),
+        None,
+    ));
+    wait_until(30, "attempts timed out", || {
+        geogate.series(WEBHOOK_RETRIES) > retried && geogate.series(WEBHOOK_HEALTHY) == 0.0
+    });
+    receiver.answer(r#"{"status": 200, "delay_ms": 200}"#);
+    geogate.wait_processed(100.0, 30);
+    wait_until(60, "every transition posted", || {
+        let got: std::collections::BTreeSet<String> =
+            receiver.accepted().into_iter().map(|(id, ..)| id).collect();
+        ids(&events_of(dir.path())).is_subset(&got)
+    });
+    assert_eq!(geogate.series(WEBHOOK_HEALTHY), 1.0);
+    let (ok, stdout) = geogate.stop();
+    assert!(ok, "{stdout}");
+    assert_all_arrived_in_order(&receiver.accepted(), &events_of(dir.path()));
+}
+
+/// Signed with the wrong secret, every request is refused by the receiver
+/// (its own check finds the signature wrong); past the maximum age the
+/// transitions go to the dead letter as `webhook_expired`, each with its
+/// line, and geofencing never stopped. A receiver that answers 410 has its
+/// batches dead-lettered at once as `webhook_gone`.
+#[test]
+fn refused_webhooks_end_in_the_dead_letter_never_dropped() {
+    let _serial = exclusive();
+    let (Some(broker), Some(receiver)) = (
+        support::Mosquitto::start(),
+        support::webhook::WebhookReceiver::start(SECRET),
+    ) else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let dead_letter = |dir: &Path, reason: &str| -> Vec<serde_json::Value> {
+        support::geogate::read_ndjson(&dir.join("dead-letter.ndjson"))
+            .into_iter()
+            .filter(|r| r["reason"] == reason)
+            .filter_map(|r| serde_json::from_str(r["payload"].as_str()?).ok())
+            .collect()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut geogate = with_webhook(
+        dir.path(),
+        broker.port,
+        "hook-forged",
+        &receiver.url(),
+        "not-the-secret",
+        "max_age_s = 2",
+        None,
+    );
+    runtime.block_on(publish_all(
+        broker.port,
+        &crossing_fixes("w", 5, 0, 50),
+        None,
+    ));
+    geogate.wait_processed(50.0, 30);
+    wait_until(30, "every transition expired", || {
+        let written = events_of(dir.path()).len();
+        written > 0 && geogate.series(WEBHOOK_EXPIRED) as usize == written
+    });
+    let (ok, stdout) = geogate.stop();
+    assert!(ok, "{stdout}");
+    let _ = std::process::Command::new("cp")
+        .args(["-r", &dir.path().display().to_string(), "/tmp/hookdbg"])
+        .status();
+    let requests = receiver.requests();
+    assert!(!requests.is_empty());
+    assert!(
+        requests
+            .iter()
+            .all(|r| r["signature_ok"] == false && r["status"] == 401)
+    );
+    assert_eq!(
+        ids(&dead_letter(dir.path(), "webhook_expired")),
+        ids(&events_of(dir.path()))
+    );
+
+    receiver.answer(r#"{"status": 410}"#);
+    let dir = tempfile::tempdir().unwrap();
+    let mut geogate = with_webhook(
+        dir.path(),
+        broker.port,
+        "hook-gone",
+        &receiver.url(),
+        SECRET,
+        "",
+        None,
+    );
+    runtime.block_on(publish_all(
+        broker.port,
+        &crossing_fixes("g", 5, 0, 50),
+        None,
+    ));
+    geogate.wait_processed(50.0, 30);
+    wait_until(30, "every transition dead-lettered as gone", || {
+        let written = events_of(dir.path()).len();
+        written > 0 && dead_letter(dir.path(), "webhook_gone").len() == written
+    });
+    let (ok, stdout) = geogate.stop();
+    assert!(ok, "{stdout}");
+    assert_eq!(
+        ids(&dead_letter(dir.path(), "webhook_gone")),
+        ids(&events_of(dir.path()))
+    );
+}

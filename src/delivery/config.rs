@@ -24,6 +24,96 @@ pub struct EventsConfig {
     /// Past this many seconds, a transition the events broker has not
     /// confirmed goes to the dead letter as `mqtt_expired`.
     pub mqtt_max_age_s: f64,
+    /// POST transitions to an HTTP endpoint too.
+    pub webhook: Option<WebhookConfig>,
+}
+
+/// `[events.webhook]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebhookConfig {
+    /// `http://` or `https://`.
+    pub url: String,
+    /// The shared secret requests are signed with, or (better: the config
+    /// then holds no secret) a file holding it.
+    pub secret: Option<String>,
+    pub secret_file: Option<PathBuf>,
+    /// Transitions per request at most.
+    pub batch: usize,
+    /// One request's time limit, connecting included.
+    pub timeout_ms: u64,
+    /// Past this many seconds, a transition the receiver has not accepted
+    /// goes to the dead letter as `webhook_expired`.
+    pub max_age_s: f64,
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            secret: None,
+            secret_file: None,
+            batch: 100,
+            timeout_ms: 10_000,
+            max_age_s: 3600.0,
+        }
+    }
+}
+
+impl WebhookConfig {
+    fn check(&self, problems: &mut Problems) {
+        match reqwest::Url::parse(&self.url) {
+            Ok(url) if matches!(url.scheme(), "http" | "https") => {}
+            Ok(_) => problems.add("events.webhook.url", "must be an http:// or https:// URL"),
+            Err(e) => problems.add("events.webhook.url", format!("not a URL: {e}")),
+        }
+        if self.secret.is_some() == self.secret_file.is_some() {
+            problems.add(
+                "events.webhook.secret",
+                "give exactly one of secret and secret_file: requests are signed with it",
+            );
+        }
+        if self.secret.as_deref().is_some_and(str::is_empty) {
+            problems.add("events.webhook.secret", "must not be empty");
+        }
+        if self.batch == 0 {
+            problems.add("events.webhook.batch", "must be ≥ 1 (transitions)");
+        }
+        if self.timeout_ms == 0 {
+            problems.add("events.webhook.timeout_ms", "must be ≥ 1");
+        }
+        if !(self.max_age_s.is_finite() && self.max_age_s > 0.0) {
+            problems.add("events.webhook.max_age_s", "must be a number > 0 (seconds)");
+        }
+    }
+
+    /// The secret, from the config or its file (a trailing newline is not
+    /// part of it).
+    pub fn load_secret(&self) -> Result<Vec<u8>, String> {
+        let secret = match (&self.secret, &self.secret_file) {
+            (Some(secret), _) => secret.as_bytes().to_vec(),
+            (None, Some(path)) => {
+                let mut bytes = std::fs::read(path)
+                    .map_err(|e| format!("events.webhook.secret_file {}: {e}", path.display()))?;
+                while bytes.last().is_some_and(|b| matches!(b, b'\n' | b'\r')) {
+                    bytes.pop();
+                }
+                bytes
+            }
+            (None, None) => Vec::new(),
+        };
+        if secret.is_empty() {
+            return Err("events.webhook: the secret is empty".into());
+        }
+        Ok(secret)
+    }
+
+    pub fn limits(&self, max_pending: usize) -> OutputLimits {
+        OutputLimits {
+            max_pending,
+            max_age: Duration::try_from_secs_f64(self.max_age_s).unwrap_or(Duration::MAX),
+        }
+    }
 }
 
 impl Default for EventsConfig {
@@ -35,6 +125,7 @@ impl Default for EventsConfig {
             mqtt_port: None,
             max_pending: 100_000,
             mqtt_max_age_s: 600.0,
+            webhook: None,
         }
     }
 }
@@ -46,6 +137,9 @@ impl EventsConfig {
         }
         if !(self.mqtt_max_age_s.is_finite() && self.mqtt_max_age_s > 0.0) {
             problems.add("events.mqtt_max_age_s", "must be a number > 0 (seconds)");
+        }
+        if let Some(webhook) = &self.webhook {
+            webhook.check(problems);
         }
     }
 

@@ -15,6 +15,7 @@
 //! * [`output_queue`]: what an output after the file has yet to deliver,
 //!   bounded, with a maximum age past which entries go to the dead letter;
 //! * [`publisher`]: the same entries over MQTT;
+//! * [`webhook`]: the same entries POSTed to an HTTP endpoint, signed;
 //! * [`relay`]: committed batches to the file, then their completions,
 //!   then the publisher.
 
@@ -25,6 +26,7 @@ pub mod outbox;
 pub mod output_queue;
 pub mod publisher;
 pub mod relay;
+pub mod webhook;
 pub mod writer;
 
 use std::sync::Arc;
@@ -40,6 +42,8 @@ pub struct Outputs {
         rumqttc::NetworkOptions,
         output_queue::OutputLimits,
     )>,
+    /// Where transitions are also posted, and how far it may fall behind.
+    pub webhook: Option<(webhook::WebhookTarget, output_queue::OutputLimits)>,
     /// Where outputs write what they give up on (the router's dead letter).
     pub dead_letter: Option<output_queue::DeadLetterQueue>,
 }
@@ -50,13 +54,24 @@ pub struct Outputs {
 pub struct Cursors {
     pub file: Arc<AtomicU64>,
     pub mqtt: Arc<AtomicU64>,
+    pub webhook: Arc<AtomicU64>,
 }
 
 impl Cursors {
-    pub fn new(file: u64, mqtt: u64) -> Self {
+    pub fn new(file: u64, mqtt: u64, webhook: u64) -> Self {
         Self {
             file: Arc::new(file.into()),
             mqtt: Arc::new(mqtt.into()),
+            webhook: Arc::new(webhook.into()),
         }
+    }
+
+    /// What every output has: the store lets go of the outbox up to here.
+    pub fn all_have(&self) -> u64 {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.file
+            .load(Relaxed)
+            .min(self.mqtt.load(Relaxed))
+            .min(self.webhook.load(Relaxed))
     }
 }

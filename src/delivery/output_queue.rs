@@ -115,8 +115,10 @@ impl OutputFeed {
 /// then does the output's cursor move past them.
 #[derive(Debug)]
 pub struct Expired {
-    /// `mqtt` or `webhook`: the reason is `<output>_expired`.
+    /// `mqtt` or `webhook`, and why it gave up (`expired`, or for the
+    /// webhook `gone` and `rejected`): the reason is `<output>_<why>`.
     pub output: &'static str,
+    pub why: &'static str,
     pub entries: Vec<OutboxEntry>,
     /// Why, for the records' detail.
     pub detail: String,
@@ -139,6 +141,9 @@ pub struct OutputQueue {
     room: Room,
     max_age_ms: i64,
     dead_letter: Option<DeadLetterQueue>,
+    /// The dead letter could not take the last entries given up on (said
+    /// once until it takes some again).
+    dead_letter_failing: bool,
     delivered: metrics::Counter,
     expired: metrics::Counter,
     pending: metrics::Gauge,
@@ -163,6 +168,7 @@ impl OutputQueue {
             room,
             max_age_ms: i64::try_from(max_age.as_millis()).unwrap_or(i64::MAX),
             dead_letter,
+            dead_letter_failing: false,
             delivered: metrics::counter!(OUTPUT_DELIVERED_TOTAL, "output" => output),
             expired: metrics::counter!(OUTPUT_EXPIRED_TOTAL, "output" => output),
             pending: metrics::gauge!(OUTPUT_PENDING_ENTRIES, "output" => output),
@@ -268,32 +274,57 @@ impl OutputQueue {
         if n == 0 {
             return Some(0);
         }
-        let dead_letter = self.dead_letter.as_ref()?;
-        let (written, done) = oneshot::channel();
         let detail = format!(
             "not delivered over {} within its maximum age ({} s): {why}",
             self.output,
             self.max_age_ms / 1000
         );
+        let was_in_flight = n.min(self.in_flight);
+        if !self.dead_letter_front(n, "expired", detail).await {
+            return None;
+        }
+        self.expired.increment(n as u64);
+        Some(was_in_flight)
+    }
+
+    /// Writes the entries in flight to the dead letter as
+    /// `<output>_<why>` (a receiver that refused them for good), and lets
+    /// them go once written; false if the dead letter could not take them
+    /// (they stay queued, to be sent again).
+    pub async fn reject_in_flight(&mut self, why: &'static str, detail: String) -> bool {
+        self.dead_letter_front(self.in_flight, why, detail).await
+    }
+
+    async fn dead_letter_front(&mut self, n: usize, why: &'static str, detail: String) -> bool {
+        if n == 0 {
+            return true;
+        }
+        let Some(dead_letter) = self.dead_letter.as_ref() else {
+            return false;
+        };
+        let (written, done) = oneshot::channel();
         let expired = Expired {
             output: self.output,
+            why,
             entries: self.entries.iter().take(n).cloned().collect(),
             detail,
             written,
         };
         if dead_letter.send(expired).is_err() || done.await.is_err() {
-            tracing::error!(
-                "{}: {n} transition(s) past their maximum age could not be dead-lettered; they stay queued",
-                self.output
-            );
-            return None;
+            if !std::mem::replace(&mut self.dead_letter_failing, true) {
+                tracing::error!(
+                    "{}: {n} transition(s) could not be dead-lettered ({why}); they stay queued (and in the outbox)",
+                    self.output
+                );
+            }
+            return false;
         }
+        self.dead_letter_failing = false;
         let was_in_flight = n.min(self.in_flight);
         self.entries.drain(..n);
         self.in_flight -= was_in_flight;
-        self.expired.increment(n as u64);
         self.left(n);
-        Some(was_in_flight)
+        true
     }
 
     /// `n` entries left the front: room back, cursor moved.
@@ -332,7 +363,7 @@ mod tests {
         let written = tokio::spawn(async move {
             let mut seqs = Vec::new();
             while let Some(e) = dead.recv().await {
-                assert_eq!(e.output, "mqtt");
+                assert_eq!((e.output, e.why), ("mqtt", "expired"));
                 seqs.extend(e.entries.iter().map(|e| e.seq));
                 let _ = e.written.send(());
             }

@@ -54,8 +54,9 @@ impl EventsWriter {
     /// Opens `path` for appending; `last_seq` is the seq on its last line
     /// (0: none), and `held` says what waits while it fails, for the log.
     /// What an earlier process wrote may not be on disk yet: it is synced
-    /// here, and a file that cannot be synced is refused, since nothing
-    /// it holds could be trusted.
+    /// here. A file that cannot be synced yet (a full or failing device)
+    /// counts as holding nothing synced, so the outbox keeps everything
+    /// until a later sync works.
     pub fn open(
         path: &Path,
         fsync: FsyncPolicy,
@@ -63,14 +64,23 @@ impl EventsWriter {
         held: &'static str,
     ) -> io::Result<Self> {
         let mut file = AppendFile::open(path)?;
-        file.sync_data()?;
+        let synced_seq = match file.sync_data() {
+            Ok(()) => last_seq,
+            Err(e) => {
+                tracing::warn!(
+                    "events file {}: not synced at start ({e}); the state keeps every transition until it is",
+                    path.display()
+                );
+                0
+            }
+        };
         Ok(Self {
             synced_len: file.len(),
             file,
             health: Arc::new(SinkHealth::new("events", path, held)),
             fsync,
             last_seq,
-            synced_seq: last_seq,
+            synced_seq,
             last_sync: Instant::now(),
             unsynced: Vec::new(),
             must_rewrite: false,

@@ -22,4 +22,7 @@ pub enum StateError {
     /// configured unlike the instances already using it.
     #[error("shared state: {0}")]
     Shared(String),
+    /// The webhook's HTTP client could not be built.
+    #[error("events.webhook {0}")]
+    Webhook(String),
 }

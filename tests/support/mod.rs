@@ -9,6 +9,7 @@ pub mod fleet;
 pub mod geogate;
 pub mod proxy;
 pub mod redis;
+pub mod webhook;
 
 use std::path::PathBuf;
 use std::process::Command;

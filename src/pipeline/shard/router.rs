@@ -263,7 +263,7 @@ impl<C: Clock> Router<C> {
     /// (the line as its payload, the commit time as its receive time, the
     /// topic it has over MQTT), and tells the output once they are written.
     async fn write_expired(&mut self, expired: Expired) {
-        let reason = format!("{}_expired", expired.output);
+        let reason = format!("{}_{}", expired.output, expired.why);
         for e in &expired.entries {
             let topic = format!("geogate/events/{}", e.vehicle);
             let detail = format!("seq {}: {}", e.seq, expired.detail);

@@ -199,6 +199,7 @@ impl EmbeddedStore {
                 "DELETE FROM vehicle; DELETE FROM held_log; DELETE FROM outbox_commit;
                  UPDATE meta SET value = 1 WHERE key = 'next_seq';
                  UPDATE meta SET value = 0 WHERE key = 'mqtt_cursor';
+                 UPDATE meta SET value = 0 WHERE key = 'webhook_cursor';
                  UPDATE meta SET value = 9223372036854775807 WHERE key = 'file_cursor';",
             )
             .map_err(sql)?;
@@ -232,6 +233,7 @@ impl EmbeddedStore {
         };
         let next_seq = meta("next_seq")?.max(1);
         let mqtt_cursor = meta("mqtt_cursor")?;
+        let webhook_cursor = meta("webhook_cursor")?;
         let file_cursor = meta("file_cursor")?;
         let mut vehicles = Vec::new();
         let mut stmt = self
@@ -295,6 +297,7 @@ impl EmbeddedStore {
             outbox,
             next_seq,
             mqtt_cursor,
+            webhook_cursor,
             file_cursor,
             created,
         })
@@ -375,10 +378,12 @@ impl EmbeddedStore {
                 "mqtt_cursor",
                 batch.mqtt_cursor.min(i64::MAX as u64) as i64
             ])?;
+            set.execute(params!["webhook_cursor", stored(batch.webhook_cursor)])?;
             set.execute(params!["file_cursor", stored(batch.file_cursor)])?;
             let confirmed = batch
                 .file_cursor
                 .min(batch.mqtt_cursor)
+                .min(batch.webhook_cursor)
                 .min(i64::MAX as u64);
             tx.prepare_cached("DELETE FROM outbox_commit WHERE last_seq <= ?1")?
                 .execute([confirmed as i64])?;
@@ -476,7 +481,7 @@ fn upgrade(tx: &Transaction, reset: bool) -> rusqlite::Result<i64> {
         )?;
     }
     tx.execute(
-        "INSERT OR IGNORE INTO meta VALUES ('schema', ?1), ('next_seq', 1), ('mqtt_cursor', 0), ('file_cursor', ?2)",
+        "INSERT OR IGNORE INTO meta VALUES ('schema', ?1), ('next_seq', 1), ('mqtt_cursor', 0), ('file_cursor', ?2), ('webhook_cursor', ?2)",
         params![SCHEMA_VERSION, stored(NO_FILE_CURSOR)],
     )?;
     if exists(tx, "table", "outbox")? {
@@ -661,6 +666,7 @@ mod tests {
                 next_seq: 7,
                 file_cursor: 4,
                 mqtt_cursor: 4,
+                webhook_cursor: u64::MAX,
                 ..CommitBatch::default()
             })
             .unwrap();
@@ -951,6 +957,7 @@ mod tests {
                     next_seq: seqs.end,
                     file_cursor: confirmed,
                     mqtt_cursor: confirmed,
+                    webhook_cursor: confirmed,
                     ..CommitBatch::default()
                 })
                 .unwrap();

@@ -192,6 +192,7 @@ impl Committer {
             batch.next_seq = self.next_seq;
             batch.file_cursor = self.cursors.file.load(Relaxed);
             batch.mqtt_cursor = self.cursors.mqtt.load(Relaxed);
+            batch.webhook_cursor = self.cursors.webhook.load(Relaxed);
             crash_point::reached("commit.before");
             let started = Instant::now();
             if !self.commit_until_deadline(&batch, &failures, &healthy) {
@@ -247,6 +248,7 @@ impl Committer {
             next_seq,
             file_cursor: cursors.file.load(Relaxed),
             mqtt_cursor: cursors.mqtt.load(Relaxed),
+            webhook_cursor: cursors.webhook.load(Relaxed),
             ..CommitBatch::default()
         };
         if let Err(e) = store.commit(&last) {

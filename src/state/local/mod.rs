@@ -21,6 +21,7 @@ pub mod store;
 use super::{Backend, BoxFuture, OpenContext, ShardState, StateError};
 use crate::delivery::publisher::Publisher;
 use crate::delivery::relay::Relay;
+use crate::delivery::webhook::Webhook;
 use crate::delivery::writer::EventsWriter;
 use crate::delivery::{Cursors, events_file};
 use crate::geofence::{Evaluator, EvaluatorSettings, FenceIndex, VehicleSnapshot};
@@ -46,11 +47,12 @@ pub struct LocalBackend {
     restored: Vec<(VehicleId, VehicleSnapshot)>,
     committer: JoinHandle<()>,
     relay: JoinHandle<()>,
-    publisher: Option<JoinHandle<()>>,
+    /// The outputs after the file (the publisher, the webhook).
+    senders: Vec<JoinHandle<()>>,
 }
 
 impl LocalBackend {
-    /// Starts the committer, relay and publisher on an opened store. The
+    /// Starts the committer, relay and outputs on an opened store. The
     /// events file is cut back to its last whole line here, now that the
     /// store's lock is held.
     pub fn start(
@@ -86,12 +88,17 @@ impl LocalBackend {
             // its tail may not be synced yet (the writer syncs it once it
             // opens, and the relay moves the cursor on).
             events.map_or(u64::MAX, |_| file_seq.min(recovered.file_cursor)),
-            // Stored as "all" while no broker was configured: one
-            // configured since then starts after what is committed, not
-            // after everything that will ever be.
+            // Stored as "all" while not configured: an output configured
+            // since then starts after what is committed, not after
+            // everything that will ever be.
             ctx.outputs.mqtt.as_ref().map_or(u64::MAX, |_| {
                 recovered
                     .mqtt_cursor
+                    .min(recovered.next_seq.saturating_sub(1))
+            }),
+            ctx.outputs.webhook.as_ref().map_or(u64::MAX, |_| {
+                recovered
+                    .webhook_cursor
                     .min(recovered.next_seq.saturating_sub(1))
             }),
         ));
@@ -134,6 +141,7 @@ impl LocalBackend {
                 next_seq: recovered.next_seq,
                 file_cursor: cursors.file.load(Relaxed),
                 mqtt_cursor: cursors.mqtt.load(Relaxed),
+                webhook_cursor: cursors.webhook.load(Relaxed),
             })?;
         }
         let (done_tx, done_rx) = std::sync::mpsc::channel();
@@ -145,20 +153,34 @@ impl LocalBackend {
             ),
             None => None,
         };
-        let (publisher, outputs) = match ctx.outputs.mqtt {
-            Some((options, network, limits)) => {
-                let (publisher, feed) = Publisher::spawn(
-                    (options, network),
-                    limits,
-                    cursors.mqtt.clone(),
-                    ctx.drain.clone(),
-                    done_tx.clone(),
-                    ctx.outputs.dead_letter.clone(),
-                );
-                (Some(publisher), vec![feed])
-            }
-            None => (None, Vec::new()),
-        };
+        let mut outputs = Vec::new();
+        let mut senders = Vec::new();
+        if let Some((options, network, limits)) = ctx.outputs.mqtt {
+            let (task, feed) = Publisher::spawn(
+                (options, network),
+                limits,
+                cursors.mqtt.clone(),
+                ctx.drain.clone(),
+                done_tx.clone(),
+                ctx.outputs.dead_letter.clone(),
+            );
+            senders.push(task);
+            outputs.push(feed);
+        }
+        if let Some((target, limits)) = ctx.outputs.webhook {
+            let url = target.url.to_string();
+            let (task, feed) = Webhook::spawn(
+                target,
+                limits,
+                cursors.webhook.clone(),
+                ctx.drain.clone(),
+                done_tx.clone(),
+                ctx.outputs.dead_letter.clone(),
+            )
+            .map_err(|e| StateError::Webhook(format!("{url}: {e}")))?;
+            senders.push(task);
+            outputs.push(feed);
+        }
         let (committed_tx, committed_rx) = mpsc::unbounded_channel();
         let relay = Relay {
             file,
@@ -191,7 +213,7 @@ impl LocalBackend {
             restored,
             committer,
             relay,
-            publisher,
+            senders,
         })
     }
 }
@@ -290,21 +312,21 @@ impl Backend for LocalBackend {
     }
 
     /// The committer ends once the last shard has dropped its sender, then
-    /// waits for the relay and the publisher.
+    /// waits for the relay and the outputs.
     fn finish(self: Box<Self>) -> BoxFuture<'static, ()> {
         let Self {
             commits,
             committer,
             relay,
-            publisher,
+            senders,
             ..
         } = *self;
         drop(commits);
         Box::pin(async move {
             let _ = committer.await;
             let _ = relay.await;
-            if let Some(publisher) = publisher {
-                let _ = publisher.await;
+            for sender in senders {
+                let _ = sender.await;
             }
         })
     }

@@ -25,9 +25,11 @@ pub struct CommitBatch {
     pub outbox: Vec<OutboxEntry>,
     /// The seq the next transition will get.
     pub next_seq: u64,
-    /// The outputs' progress: outbox entries at or below both are gone.
+    /// The outputs' progress: outbox entries at or below all of them are
+    /// gone.
     pub file_cursor: u64,
     pub mqtt_cursor: u64,
+    pub webhook_cursor: u64,
 }
 
 impl CommitBatch {
@@ -52,6 +54,7 @@ pub struct Recovered {
     pub outbox: Vec<OutboxEntry>,
     pub next_seq: u64,
     pub mqtt_cursor: u64,
+    pub webhook_cursor: u64,
     /// The seq up to which the events file held every transition when the
     /// store last committed: the outbox was pruned against it.
     /// [`NO_FILE_CURSOR`] when no events file was written (or the store

@@ -2,11 +2,10 @@
 //!
 //! Every instance reads every partition through one consumer group, so the
 //! broker-like stream hands each transition to one instance: `XREADGROUP`
-//! moves it into that instance's pending list, the line is written, and
-//! once the file is synced past it (each write under `fsync = "always"`,
-//! about once a second under `flush`) `XACK` removes it: what a power loss
-//! takes from the file's unsynced tail is still pending, and written
-//! again. A crash between the write and the ack leaves it pending for the
+//! moves it into that instance's pending list, the line is written and
+//! synced (under either fsync policy: each delivery pass is one sync), and
+//! only then does `XACK` remove it: what a power loss takes from the file's
+//! unsynced tail is still pending, and written again. A crash between the write and the ack leaves it pending for the
 //! same consumer name: at
 //! start the instance reads its own pending entries first and skips those
 //! whose `id` its file already ends with. An instance that stays away
@@ -68,8 +67,7 @@ pub struct OutboxConsumer {
     /// by (partition, stream id), with the seq of their line (0: none was
     /// written): never written again, whoever hands them back (a re-read
     /// of the own pending list, a claim), and acked only once the file is
-    /// synced past that seq, so that what a power loss takes from the
-    /// file's tail under `flush` is still pending, and written again.
+    /// synced past that seq.
     pub unacked: std::collections::BTreeMap<(u32, String), u64>,
     /// Registers this instance's fence set each housekeeping pass.
     pub fence_sets: FenceSets,
@@ -119,10 +117,7 @@ impl OutboxConsumer {
                 return;
             }
             let mut moved = 0usize;
-            if !self.file.sync_if_due(Instant::now(), &mut drain).await {
-                return;
-            }
-            let mut failed = self.ack_written().await.err();
+            let mut failed = self.ack_written(&mut drain).await.err();
             for p in 0..self.partitions {
                 let own = reading_own[p as usize];
                 match self.read(p, if own { "0" } else { ">" }).await {
@@ -206,9 +201,7 @@ impl OutboxConsumer {
                     // What is written is acked once it is on disk; what
                     // is not stays pending, and is skipped at the restart
                     // if the file has it.
-                    if self.file.sync_now(&mut drain).await {
-                        let _ = self.ack_written().await;
-                    }
+                    let _ = self.ack_written(&mut drain).await;
                     return;
                 }
                 tokio::select! {
@@ -302,7 +295,7 @@ impl OutboxConsumer {
         if !self.publish(written, drain).await {
             return Err("the drain deadline passed with the MQTT queue full".into());
         }
-        self.ack_written().await?;
+        self.ack_written(drain).await?;
         Ok(count)
     }
 
@@ -332,7 +325,22 @@ impl OutboxConsumer {
 
     /// Acks every entry whose line is on disk, each partition on its own:
     /// a partition whose node is down does not hold back the others' acks.
-    async fn ack_written(&mut self) -> Result<(), String> {
+    async fn ack_written(&mut self, drain: &mut Drain) -> Result<(), String> {
+        // Synced first, whatever the fsync policy: an entry acked while its
+        // line is not on disk would be lost to a power loss, and one kept
+        // pending for a later sync would be claimed by another instance,
+        // and written twice, if this one crashed meanwhile.
+        if self
+            .unacked
+            .values()
+            .any(|&seq| seq > self.file.synced_seq())
+            && !self.file.sync_now(drain).await
+        {
+            return Err(format!(
+                "events file {}: not synced by the drain deadline",
+                path_of(&self.file)
+            ));
+        }
         let synced = self.file.synced_seq();
         let mut ready: std::collections::BTreeMap<u32, Vec<String>> = Default::default();
         for ((p, id), seq) in &self.unacked {

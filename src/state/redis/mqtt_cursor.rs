@@ -162,7 +162,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cursor = MqttCursor::beside(&dir.path().join("events.ndjson"));
         let path = cursor.path.clone();
-        let cursors = Arc::new(Cursors::new(u64::MAX, 0));
+        let cursors = Arc::new(Cursors::new(u64::MAX, 0, u64::MAX));
         let (stop, stop_rx) = watch::channel(false);
         assert_eq!(cursor.load(0), Ok(0));
         let keeper = tokio::spawn(cursor.keep(0, cursors.clone(), stop_rx));

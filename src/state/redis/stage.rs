@@ -100,7 +100,7 @@ impl SharedStage {
                         events.display()
                     );
                 }
-                let cursors = Arc::new(Cursors::new(u64::MAX, confirmed));
+                let cursors = Arc::new(Cursors::new(u64::MAX, confirmed, u64::MAX));
                 // Nothing waits for the publisher's `done`: the stage
                 // awaits its task instead.
                 let (done, _) = std::sync::mpsc::channel();
