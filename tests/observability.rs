@@ -167,6 +167,11 @@ fn dashboard_and_alerts_work_against_a_real_prometheus() {
          rate = 1\nburst = 5\nreserve = 2\nfail_mode = \"closed\"",
         redis.url()
     );
+    // The outputs' panel needs both outputs after the events file: MQTT
+    // (to the embedded broker) and a webhook.
+    let Some(receiver) = support::webhook::WebhookReceiver::start("prom-secret") else {
+        return;
+    };
     let broker_port = support::free_port();
     let dir = tempfile::tempdir().unwrap();
     let setup = Setup {
@@ -175,10 +180,20 @@ fn dashboard_and_alerts_work_against_a_real_prometheus() {
         client_id: "geogate-prom",
         extra_pipeline: "queue_capacity = 40\nsustained_rate = 500",
         gate: &gate,
-        events_mqtt: false,
+        events_mqtt: true,
         extra_mqtt: "",
     };
-    let geogate = GeogateProcess::start(dir.path(), &setup);
+    let webhook = format!(
+        "[events.webhook]\nurl = \"{}\"\nsecret = \"prom-secret\"\n[state]\n",
+        receiver.url()
+    );
+    let geogate = GeogateProcess::launch_with(
+        dir.path(),
+        &setup,
+        |config| config.replace("[state]\n", &webhook),
+        None,
+    );
+    geogate.wait_for_log("subscribed", 1);
     // The shared state's panels need an instance with the redis backend:
     // one on the same broker that takes no telemetry (the first one's
     // counts stay the whole stream's).
@@ -187,6 +202,7 @@ fn dashboard_and_alerts_work_against_a_real_prometheus() {
         shared_dir.path(),
         &Setup {
             embedded: false,
+            events_mqtt: false,
             client_id: "geogate-prom-shared",
             gate: "kind = \"token\"\nrate = 1000\nburst = 1000",
             ..setup
@@ -256,7 +272,7 @@ fn dashboard_and_alerts_work_against_a_real_prometheus() {
         }
     }
     let alerts = alert_exprs();
-    assert_eq!(alerts.len(), 12);
+    assert_eq!(alerts.len(), 14);
     for expr in alerts {
         let v = query(prometheus.port, &expr);
         assert_eq!(v["status"], "success", "alert {expr}: {v}");
