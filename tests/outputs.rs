@@ -855,3 +855,98 @@ fn refused_webhooks_end_in_the_dead_letter_never_dropped() {
         ids(&events_of(dir.path()))
     );
 }
+
+/// A restart that finds a large outbox (200,000 transitions the events
+/// broker never confirmed, about 40 MB of lines) streams it a page at a
+/// time instead of loading it whole: with the broker still down, resident
+/// memory stays far below the outbox's size while the queue sits full;
+/// once the broker is back, every one of them is published.
+#[test]
+fn a_large_outbox_is_streamed_at_a_restart_not_loaded_whole() {
+    const N: u64 = 200_000;
+    let _serial = exclusive();
+    let Some(mut brokers) = TwoBrokers::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let published = subscribe_kept(&runtime, brokers.events.port);
+    brokers.events.stop();
+    let dir = tempfile::tempdir().unwrap();
+    let mut geogate = brokers.geogate(dir.path(), "big-outbox", 1000, 3600.0);
+    std::thread::sleep(Duration::from_secs(1));
+    let baseline = rss_kib(geogate.pid());
+    let (ok, stdout) = geogate.stop();
+    assert!(ok, "{stdout}");
+    // Committed and in the events file, none confirmed by the broker.
+    let line = |seq: u64| {
+        format!(
+            r#"{{"id":"{seq:032x}","seq":{seq},"vehicle":"v{}","fence":"A","event":"enter","ts":{},"pad":"{}"}}"#,
+            seq % 100,
+            1_750_000_000_000u64 + seq,
+            "x".repeat(60)
+        )
+    };
+    let mut file = String::new();
+    for seq in 1..=N {
+        file.push_str(&line(seq));
+        file.push('\n');
+    }
+    std::fs::write(dir.path().join("events.ndjson"), &file).unwrap();
+    let mut conn = rusqlite::Connection::open(dir.path().join("state.sqlite")).unwrap();
+    let tx = conn.transaction().unwrap();
+    let varint = |out: &mut Vec<u8>, mut v: u64| {
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    };
+    for first in (1..=N).step_by(4096) {
+        let last = (first + 4095).min(N);
+        let mut row = Vec::new();
+        for seq in first..=last {
+            let vehicle = format!("v{}", seq % 100);
+            varint(&mut row, vehicle.len() as u64);
+            row.extend_from_slice(vehicle.as_bytes());
+            let text = line(seq);
+            varint(&mut row, text.len() as u64);
+            row.extend_from_slice(text.as_bytes());
+        }
+        tx.execute(
+            "INSERT INTO outbox_commit (last_seq, first_seq, entries, committed_ms) VALUES (?1, ?2, ?3, 0)",
+            rusqlite::params![last as i64, first as i64, row],
+        )
+        .unwrap();
+    }
+    tx.execute_batch(&format!(
+        "UPDATE meta SET value = {} WHERE key = 'next_seq';
+         UPDATE meta SET value = 0 WHERE key = 'mqtt_cursor';
+         UPDATE meta SET value = {N} WHERE key = 'file_cursor';",
+        N + 1
+    ))
+    .unwrap();
+    tx.commit().unwrap();
+    drop(conn);
+
+    geogate.restart();
+    wait_until(60, "the MQTT queue full from the outbox", || {
+        geogate.series(MQTT_PENDING) >= 1000.0
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let rss = rss_kib(geogate.pid());
+    let outbox_kib = file.len() as u64 / 1024;
+    eprintln!("resident {rss} KiB with an outbox of {outbox_kib} KiB, {baseline} KiB with none");
+    assert!(
+        rss < baseline + outbox_kib / 4,
+        "resident memory {rss} KiB ({baseline} KiB with no outbox) holds much of the outbox ({outbox_kib} KiB of lines)"
+    );
+    brokers.events.start_again();
+    wait_until(120, "every transition published", || {
+        published.lock().unwrap().len() as u64 >= N
+    });
+    let (ok, stdout) = geogate.stop();
+    assert!(ok, "{stdout}");
+    let got = ids(&published.lock().unwrap());
+    assert_eq!(got.len() as u64, N, "each id arrived");
+    assert_eq!(got, ids(&events_of(dir.path())));
+}

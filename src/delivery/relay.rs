@@ -53,14 +53,10 @@ pub struct Relay {
 }
 
 impl Relay {
-    /// Writes the recovered backlog, then each committed batch, until the
-    /// committer hangs up.
-    pub async fn run(
-        mut self,
-        backlog: Vec<OutboxEntry>,
-        mut rx: mpsc::UnboundedReceiver<Committed>,
-    ) {
-        self.deliver(backlog, None).await;
+    /// Delivers each committed batch (the committer sends what a restart
+    /// found in the outbox first, a page at a time), until the committer
+    /// hangs up.
+    pub async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Committed>) {
         while let Some(committed) = rx.recv().await {
             if !self.deliver(committed.entries, Some(committed.then)).await {
                 // The drain deadline passed with the file still failing:

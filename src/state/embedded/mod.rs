@@ -99,10 +99,7 @@ pub fn open(config: &StateConfig, events: Option<&Path>) -> Result<Opened, State
     // when it was pruned: one that is not there now was lost with the
     // file's unsynced tail (a power loss or host reset under fsync =
     // "flush"), or with the file itself. Going on would leave a silent gap.
-    let kept_from = recovered
-        .outbox
-        .first()
-        .map_or(recovered.next_seq, |e| e.seq);
+    let kept_from = recovered.outbox_first.unwrap_or(recovered.next_seq);
     let pruned_through = recovered.file_cursor.min(kept_from.saturating_sub(1));
     if let Some(events) = events
         && recovered.file_cursor != NO_FILE_CURSOR
@@ -134,7 +131,7 @@ pub fn open(config: &StateConfig, events: Option<&Path>) -> Result<Opened, State
     }
     tracing::info!(
         vehicles = recovered.vehicles.len(),
-        outbox = recovered.outbox.len(),
+        outbox = recovered.outbox_len,
         "state {} opened{}",
         path.display(),
         if recovered.created { " (new)" } else { "" }
@@ -262,39 +259,17 @@ impl EmbeddedStore {
             },
         })?;
         let vehicles = with_held(vehicles, held);
-        let mut stmt = self
-            .conn
-            .prepare(
-                "SELECT first_seq, last_seq, entries, committed_ms FROM outbox_commit ORDER BY last_seq",
-            )
-            .map_err(sql)?;
-        let mut rows = stmt.query([]).map_err(sql)?;
-        let mut outbox = Vec::new();
-        let mut previous_last = None;
-        while let Some(row) = rows.next().map_err(sql)? {
-            let first = row.get::<_, i64>(0).map_err(sql)?.max(0) as u64;
-            let last = row.get::<_, i64>(1).map_err(sql)?.max(0) as u64;
-            let corrupt = |source| EmbeddedError::CorruptOutbox {
-                path: path.clone(),
-                last_seq: last,
-                source,
-            };
-            if let Some(previous) = previous_last
-                && first <= previous
-            {
-                return Err(corrupt(OutboxRowError::Overlap { first, previous }));
-            }
-            previous_last = Some(last);
-            let bytes = match row.get_ref(2).map_err(sql)? {
-                ValueRef::Blob(bytes) => bytes,
-                _ => return Err(corrupt(OutboxRowError::NotBytes)),
-            };
-            let committed_ms = row.get::<_, i64>(3).map_err(sql)?;
-            outbox_rows::unpack(first, last, committed_ms, bytes, &mut outbox).map_err(corrupt)?;
-        }
+        // Every row is read and checked (a damaged one fails the open by
+        // name), one at a time: only the first seq and the count are kept.
+        let (mut outbox_first, mut outbox_len) = (None, 0u64);
+        scan_outbox(&self.conn, &path, 0, usize::MAX, |entries| {
+            outbox_first = outbox_first.or(entries.first().map(|e| e.seq));
+            outbox_len += entries.len() as u64;
+        })?;
         Ok(Recovered {
             vehicles,
-            outbox,
+            outbox_first,
+            outbox_len,
             next_seq,
             mqtt_cursor,
             webhook_cursor,
@@ -392,7 +367,67 @@ impl EmbeddedStore {
     }
 }
 
+/// Reads the outbox's rows that hold seqs after `after`, in seq order,
+/// checking each (a damaged row is an error naming it, never a panic), and
+/// hands each row's entries to `each`, until rows holding `max` entries
+/// have been read.
+fn scan_outbox(
+    conn: &Connection,
+    path: &Path,
+    after: u64,
+    max: usize,
+    mut each: impl FnMut(Vec<OutboxEntry>),
+) -> Result<(), EmbeddedError> {
+    let sql = |source| EmbeddedError::Sqlite {
+        path: path.to_owned(),
+        source,
+    };
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT first_seq, last_seq, entries, committed_ms FROM outbox_commit WHERE last_seq > ?1 ORDER BY last_seq",
+        )
+        .map_err(sql)?;
+    let mut rows = stmt.query([stored(after)]).map_err(sql)?;
+    let mut previous_last = None;
+    let mut taken = 0usize;
+    while taken < max
+        && let Some(row) = rows.next().map_err(sql)?
+    {
+        let first = row.get::<_, i64>(0).map_err(sql)?.max(0) as u64;
+        let last = row.get::<_, i64>(1).map_err(sql)?.max(0) as u64;
+        let corrupt = |source| EmbeddedError::CorruptOutbox {
+            path: path.to_owned(),
+            last_seq: last,
+            source,
+        };
+        if let Some(previous) = previous_last
+            && first <= previous
+        {
+            return Err(corrupt(OutboxRowError::Overlap { first, previous }));
+        }
+        previous_last = Some(last);
+        let bytes = match row.get_ref(2).map_err(sql)? {
+            ValueRef::Blob(bytes) => bytes,
+            _ => return Err(corrupt(OutboxRowError::NotBytes)),
+        };
+        let committed_ms = row.get::<_, i64>(3).map_err(sql)?;
+        let mut entries = Vec::new();
+        outbox_rows::unpack(first, last, committed_ms, bytes, &mut entries).map_err(corrupt)?;
+        taken += entries.len();
+        each(entries);
+    }
+    Ok(())
+}
+
 impl Store for EmbeddedStore {
+    fn outbox_after(&mut self, after: u64, max: usize) -> Result<Vec<OutboxEntry>, StateError> {
+        let mut out = Vec::new();
+        scan_outbox(&self.conn, &self.path, after, max, |entries| {
+            out.extend(entries.into_iter().filter(|e| e.seq > after));
+        })?;
+        Ok(out)
+    }
+
     fn commit(&mut self, batch: &CommitBatch) -> Result<(), StateError> {
         let held = self.held.plan(&batch.held.runs);
         self.write(batch, &held)
@@ -610,6 +645,11 @@ mod tests {
         config
     }
 
+    /// Everything the outbox holds.
+    fn outbox(store: &mut EmbeddedStore) -> Vec<OutboxEntry> {
+        store.outbox_after(0, usize::MAX).unwrap()
+    }
+
     fn entry(seq: u64) -> OutboxEntry {
         OutboxEntry {
             seq,
@@ -656,7 +696,8 @@ mod tests {
         }
         let (mut store, recovered) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
         assert!(!recovered.created);
-        assert_eq!(recovered.outbox, vec![entry(2), entry(3), entry(4)]);
+        assert_eq!(outbox(&mut store), vec![entry(2), entry(3), entry(4)]);
+        assert_eq!((recovered.outbox_first, recovered.outbox_len), (Some(2), 3));
         assert_eq!((recovered.next_seq, recovered.mqtt_cursor), (5, 1));
         assert_eq!(recovered.vehicles.len(), 1);
         assert_eq!(&*recovered.vehicles[0].1.members[0], "depot");
@@ -673,7 +714,7 @@ mod tests {
         drop(store);
         let (mut store, recovered) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
         // 2–4 were confirmed by both destinations and pruned.
-        assert_eq!(recovered.outbox, vec![entry(5), entry(6)]);
+        assert_eq!(outbox(&mut store), vec![entry(5), entry(6)]);
         assert_eq!(recovered.next_seq, 7);
         assert_eq!(schema_version(&store.conn), SCHEMA_VERSION);
         let tx = store.conn.transaction().unwrap();
@@ -855,8 +896,8 @@ mod tests {
              UPDATE meta SET value = 3 WHERE key = 'next_seq';
              UPDATE meta SET value = 4 WHERE key = 'schema';",
         );
-        let (mut store, recovered) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
-        assert_eq!(recovered.outbox, vec![entry(2)]);
+        let (mut store, _) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
+        assert_eq!(outbox(&mut store), vec![entry(2)]);
         assert_eq!(schema_version(&store.conn), SCHEMA_VERSION);
         store
             .commit(&CommitBatch {
@@ -866,9 +907,9 @@ mod tests {
             })
             .unwrap();
         drop(store);
-        let (_, recovered) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
+        let (mut store, _) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
         assert_eq!(
-            recovered.outbox,
+            outbox(&mut store),
             vec![entry(2), entry(3).committed_at(1_700)]
         );
     }
@@ -971,8 +1012,11 @@ mod tests {
         assert_eq!(rows, 2);
         commit(&mut store, 6..7, 3);
         drop(store);
-        let (_, recovered) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
-        assert_eq!(recovered.outbox, vec![entry(4), entry(5), entry(6)]);
+        let (mut store, _) = EmbeddedStore::open(&config.embedded.path, &config).unwrap();
+        assert_eq!(outbox(&mut store), vec![entry(4), entry(5), entry(6)]);
+        // A page is whole rows, and starts after the seq asked for.
+        assert_eq!(store.outbox_after(4, 1).unwrap(), vec![entry(5)]);
+        assert_eq!(store.outbox_after(6, 10).unwrap(), vec![]);
     }
 
     #[test]
@@ -1035,7 +1079,7 @@ mod tests {
             ..config.clone()
         };
         let (_, recovered) = EmbeddedStore::open(&reset.embedded.path, &reset).unwrap();
-        assert!(recovered.created && recovered.outbox.is_empty());
+        assert!(recovered.created && recovered.outbox_len == 0);
         assert_eq!(recovered.next_seq, 1);
     }
 

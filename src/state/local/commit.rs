@@ -52,6 +52,9 @@ pub const MAX_BATCHES_PER_COMMIT: usize = 64;
 /// worth.
 const COMMIT_SPACING: Duration = Duration::from_millis(2);
 
+/// Outbox entries a restart reads and delivers at a time.
+const BACKLOG_PAGE: usize = 4096;
+
 /// How long a commit about to start at `now` waits, the previous one
 /// having ended at `previous`.
 fn spacing_wait(previous: Option<Instant>, now: Instant) -> Duration {
@@ -111,6 +114,9 @@ pub struct CommitRequest {
 
 pub struct Committer {
     pub store: Box<dyn Store>,
+    /// What a restart found in the outbox, from the seq after this one:
+    /// delivered before any new commit ([`Self::deliver_backlog`]).
+    pub backlog_after: Option<u64>,
     pub next_seq: u64,
     pub cursors: Arc<Cursors>,
     pub relay: mpsc::UnboundedSender<Committed>,
@@ -130,6 +136,9 @@ impl Committer {
         let healthy = metrics::gauge!(SINK_HEALTHY, "sink" => "state");
         let latency = metrics::histogram!(TRANSITION_LATENCY_SECONDS);
         healthy.set(1.0);
+        if let Some(after) = self.backlog_after.take() {
+            self.deliver_backlog(after);
+        }
         size.set(self.store.size_bytes() as f64);
         let mut last_size_check = Instant::now();
         let mut waiting = Vec::with_capacity(MAX_BATCHES_PER_COMMIT);
@@ -231,6 +240,7 @@ impl Committer {
         // got to so that a clean restart republishes nothing.
         let Self {
             mut store,
+            backlog_after: _,
             next_seq,
             cursors,
             relay,
@@ -255,6 +265,41 @@ impl Committer {
             tracing::warn!("state: recording the relay's final position: {e}");
         }
         size.set(store.size_bytes() as f64);
+    }
+
+    /// Hands what a restart found in the outbox to the relay a page at a
+    /// time, each once the relay has written the last and made room for it
+    /// in the outputs' queues: a large outbox (an output down for a long
+    /// time) is streamed, never held in memory whole. New batches wait
+    /// meanwhile, as they would behind the outputs' full queues.
+    fn deliver_backlog(&mut self, mut after: u64) {
+        loop {
+            let page = match self.store.outbox_after(after, BACKLOG_PAGE) {
+                Ok(page) => page,
+                Err(e) => {
+                    tracing::error!(
+                        "state: reading the outbox after seq {after}: {e}; what it holds is delivered at the next start"
+                    );
+                    return;
+                }
+            };
+            let Some(last) = page.last().map(|e| e.seq) else {
+                return;
+            };
+            after = last;
+            let (delivered, wait) = std::sync::mpsc::channel();
+            let sent = self.relay.send(Committed {
+                entries: page,
+                then: Box::new(move || {
+                    let _ = delivered.send(());
+                }),
+            });
+            // The relay gives up at the drain deadline, dropping the page
+            // (and with it the sender): the rest stays in the outbox.
+            if sent.is_err() || wait.recv().is_err() {
+                return;
+            }
+        }
     }
 
     /// Commits, retrying with backoff while the store fails, until it works

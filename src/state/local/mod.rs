@@ -189,7 +189,7 @@ impl LocalBackend {
             drain: ctx.drain.clone(),
             done: done_tx,
         };
-        let relay = tokio::spawn(relay.run(recovered.outbox, committed_rx));
+        let relay = tokio::spawn(relay.run(committed_rx));
         // Room for what a spaced commit gathers, and the same for the
         // memory store: with `pipeline.sched_batch` (the default) the
         // committer's thread, woken, waits for a core instead of preempting,
@@ -198,6 +198,7 @@ impl LocalBackend {
         let (commits, commits_rx) = mpsc::channel(MAX_BATCHES_PER_COMMIT.max(ctx.shards * 4));
         let committer = Committer {
             store,
+            backlog_after: recovered.outbox_first.map(|_| cursors.all_have()),
             next_seq: recovered.next_seq,
             cursors,
             relay: committed_tx,

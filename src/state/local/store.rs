@@ -48,10 +48,12 @@ impl CommitBatch {
 pub struct Recovered {
     /// Each with its held fixes in its window ([`with_held`]).
     pub vehicles: Vec<(VehicleId, VehicleSnapshot)>,
-    /// Committed transitions, in seq order, from the first row the relay
-    /// and the publisher had not both confirmed: a row may still hold
-    /// entries at or below their cursors, which each skips.
-    pub outbox: Vec<OutboxEntry>,
+    /// The first seq the outbox still holds, and how many entries it
+    /// holds: the entries themselves are read a page at a time
+    /// ([`Store::outbox_after`]) once the outputs run, so a large outbox
+    /// never has to fit in memory at start.
+    pub outbox_first: Option<u64>,
+    pub outbox_len: u64,
     pub next_seq: u64,
     pub mqtt_cursor: u64,
     pub webhook_cursor: u64,
@@ -118,6 +120,13 @@ pub trait Store: Send {
     /// Whether a commit survives a process crash (and so whether the
     /// shards need to track which vehicles changed).
     fn durable(&self) -> bool;
+    /// Up to about `max` committed transitions with seqs after `after`, in
+    /// seq order (whole rows: a row is never split). What a restart
+    /// delivers, a page at a time. A store that keeps nothing across a
+    /// restart has none.
+    fn outbox_after(&mut self, _after: u64, _max: usize) -> Result<Vec<OutboxEntry>, StateError> {
+        Ok(Vec::new())
+    }
 }
 
 /// An opened store, what it held, and what the events file's tail says.
