@@ -243,6 +243,7 @@ pub async fn run(
         OpenContext {
             events: config.events.path.clone(),
             outputs: Outputs {
+                rotation: config.events.rotation(),
                 mqtt: events_mqtt,
                 webhook: events_webhook,
                 dead_letter: Some(expired_tx),

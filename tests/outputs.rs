@@ -950,3 +950,261 @@ fn a_large_outbox_is_streamed_at_a_restart_not_loaded_whole() {
     assert_eq!(got.len() as u64, N, "each id arrived");
     assert_eq!(got, ids(&events_of(dir.path())));
 }
+
+/// Every line of the events file and the files rotated away from it, in
+/// file order (oldest rotated first, the current file last), with the
+/// files that held them.
+fn all_files(dir: &Path) -> (Vec<serde_json::Value>, Vec<PathBuf>) {
+    let mut rotated: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.starts_with("events.ndjson.") && n.len() == "events.ndjson.".len() + 25
+            })
+        })
+        .collect();
+    rotated.sort();
+    let mut lines = Vec::new();
+    for file in rotated.iter().chain([&dir.join("events.ndjson")]) {
+        lines.extend(read_ndjson_so_far(file));
+    }
+    (lines, rotated)
+}
+
+fn rotating(bytes: u64, keep: usize) -> impl FnOnce(String) -> String {
+    move |config| {
+        config.replace(
+            "mqtt = false\n",
+            &format!("mqtt = false\nrotate_bytes = {bytes}\nrotate_keep = {keep}\n"),
+        )
+    }
+}
+
+/// The events file rotated every 4 KiB while the fleet streams in, and
+/// geogate SIGKILLed at each step of a rotation (before the rename, after
+/// it and before the new file) and where lines are in flight: across the
+/// rotated files and the current one, seqs run on gap-free and the
+/// transitions are exactly those of the uninterrupted run.
+#[test]
+fn a_rotation_cut_short_at_any_step_loses_and_repeats_nothing() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let want = reference(broker.port, &runtime);
+    let dir = tempfile::tempdir().unwrap();
+    let mut geogate = start(
+        dir.path(),
+        broker.port,
+        "rotate-kill",
+        None,
+        rotating(4096, 1000),
+        None,
+    );
+    let port = broker.port;
+    let publishing =
+        runtime.spawn(async move { publish_all(port, &fleet(0..FIXES), Some(PACE)).await });
+    for point in [
+        "events.before_rotate:1",
+        "events.rotated:1",
+        "relay.mid_line:3",
+        "events.rotated:2",
+    ] {
+        geogate.kill();
+        geogate.set_crash_point(Some(point));
+        geogate.restart();
+        geogate.wait_for_crash_point();
+        geogate.kill();
+        geogate.restart();
+    }
+    runtime.block_on(publishing).unwrap();
+    wait_until(60, "every transition in the files", || {
+        all_files(dir.path()).0.len() >= want.len()
+    });
+    let (ok, stdout) = geogate.stop();
+    assert!(ok, "{stdout}");
+    let (lines, rotated) = all_files(dir.path());
+    assert!(rotated.len() >= 4, "rotated: {rotated:?}");
+    assert_seqs_gap_free(&lines, "across rotations");
+    let got = multiset(&lines);
+    assert!(
+        got == want,
+        "across rotations: transitions differ from the uninterrupted run:\n{}",
+        diff(&got, &want)
+    );
+    // Each rotated file's name says which seqs it holds.
+    for file in &rotated {
+        let held = read_ndjson_so_far(file);
+        let name = file.file_name().unwrap().to_str().unwrap();
+        let range = format!(
+            "{:012}-{:012}",
+            held[0]["seq"].as_u64().unwrap(),
+            held[held.len() - 1]["seq"].as_u64().unwrap()
+        );
+        assert!(name.ends_with(&range), "{name} holds {range}");
+    }
+}
+
+/// Rotation keeps `rotate_keep` rotated files, deleting the oldest; the
+/// ones kept and the current file run on to the last seq with no gap.
+#[test]
+fn rotation_keeps_only_the_newest_files() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut geogate = start(
+        dir.path(),
+        broker.port,
+        "rotate-keep",
+        None,
+        rotating(4096, 2),
+        None,
+    );
+    // Paced: a rotation follows a write, so lines released together
+    // share a file.
+    runtime.block_on(publish_all(
+        broker.port,
+        &crossing_fixes("k", 10, 0, 400),
+        Some(PACE),
+    ));
+    geogate.wait_processed(400.0, 60);
+    let (ok, stdout) = geogate.stop();
+    assert!(ok, "{stdout}");
+    let (lines, rotated) = all_files(dir.path());
+    assert_eq!(rotated.len(), 2, "{rotated:?}");
+    assert_seqs_gap_free_from(&lines);
+    let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
+    assert!(
+        log.contains("past events.rotate_keep"),
+        "deletions are logged: {log}"
+    );
+}
+
+/// Seqs run on by one from the first line.
+fn assert_seqs_gap_free_from(lines: &[serde_json::Value]) {
+    let seqs: Vec<u64> = lines.iter().filter_map(|l| l["seq"].as_u64()).collect();
+    assert!(!seqs.is_empty());
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "seqs run on: {:?}…",
+        &seqs[..seqs.len().min(20)]
+    );
+}
+
+/// The events file renamed away by another process while geogate writes
+/// (a log rotator's `create` mode): geogate notices, leaves what it wrote
+/// in the renamed file, and starts a new one at the path; between them
+/// the two hold the uninterrupted run's transitions, each once.
+#[test]
+fn an_events_file_renamed_from_outside_is_followed() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let want = reference(broker.port, &runtime);
+    let dir = tempfile::tempdir().unwrap();
+    let mut geogate = start(dir.path(), broker.port, "renamed", None, |c| c, None);
+    let port = broker.port;
+    let publishing =
+        runtime.spawn(async move { publish_all(port, &fleet(0..FIXES), Some(PACE)).await });
+    wait_until(30, "lines in the file", || {
+        events_of(dir.path()).len() >= 20
+    });
+    let moved = dir.path().join("events.ndjson.moved");
+    std::fs::rename(dir.path().join("events.ndjson"), &moved).unwrap();
+    runtime.block_on(publishing).unwrap();
+    wait_until(60, "every transition in the two files", || {
+        read_ndjson_so_far(&moved).len() + events_of(dir.path()).len() >= want.len()
+    });
+    let (ok, stdout) = geogate.stop();
+    assert!(ok, "{stdout}");
+    let mut lines = read_ndjson_so_far(&moved);
+    assert!(!events_of(dir.path()).is_empty(), "a new file was started");
+    lines.extend(events_of(dir.path()));
+    assert_seqs_gap_free(&lines, "the renamed file and the new one");
+    let got = multiset(&lines);
+    assert!(got == want, "{}", diff(&got, &want));
+}
+
+/// The events file cut short by another process (`copytruncate`): lines
+/// written since the copy would be lost, so geogate writes nothing more
+/// and says so (the sink unhealthy, acks held, the log naming it) instead
+/// of going on past a gap.
+#[test]
+fn an_events_file_truncated_from_outside_is_refused_loudly() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let geogate = start(
+        dir.path(),
+        broker.port,
+        "truncated",
+        None,
+        // Every line synced as written: the cut takes synced lines.
+        |c| fsync("always")(c).replace("[pipeline]\n", "[pipeline]\nreorder_window_ms = 0\n"),
+        None,
+    );
+    runtime.block_on(publish_all(
+        broker.port,
+        &crossing_fixes("t", 5, 0, 50),
+        None,
+    ));
+    geogate.wait_processed(50.0, 30);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("events.ndjson"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    runtime.block_on(publish_all(
+        broker.port,
+        &crossing_fixes("t", 5, 50, 20),
+        None,
+    ));
+    wait_until(30, "the file refused", || {
+        geogate.series(r#"geogate_sink_healthy{sink="events"}"#) == 0.0
+            && geogate.metric("geogate_mqtt_unacked") >= 1.0
+    });
+    let log = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap();
+    assert!(log.contains("by another process (copytruncate?)"), "{log}");
+}
+
+/// A second geogate pointed at an events file another one writes is
+/// refused at start, naming the lock, whatever its state: here with a
+/// state file of its own.
+#[test]
+fn a_second_geogate_on_one_events_file_is_refused() {
+    let _serial = exclusive();
+    let Some(broker) = support::Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let first = start(dir.path(), broker.port, "first", None, |c| c, None);
+    let other = tempfile::tempdir().unwrap();
+    let events = dir.path().join("events.ndjson").display().to_string();
+    std::fs::write(other.path().join("fences.geojson"), FENCES).unwrap();
+    let mut second =
+        GeogateProcess::prepare(other.path(), &setup(broker.port, "second", ""), |c| {
+            c.replace(
+                &format!("{}/events.ndjson", other.path().display()),
+                &events,
+            )
+        });
+    second.restart_refused();
+    let (status, log) = second.wait_refused();
+    assert!(!status.success());
+    assert!(
+        log.contains("another geogate writes this events file"),
+        "{log}"
+    );
+    drop(first);
+}

@@ -602,3 +602,37 @@ fn instances_with_different_fence_sets_are_counted_until_they_agree() {
         instances[0].metric("geogate_fence_sets_live") == 1.0
     });
 }
+
+/// Two instances pointed at one events file: the second is refused at
+/// start, naming the lock, since the shared state has no lock of its own
+/// on a file each instance writes.
+#[test]
+fn a_second_instance_on_one_events_file_is_refused() {
+    let Some(s) = servers() else {
+        return;
+    };
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let urls = [s.redis.url()];
+    let first = instance_on(dirs[0].path(), s.broker.port, &urls, "lock-first");
+    std::fs::write(dirs[1].path().join("fences.geojson"), FENCES).unwrap();
+    let events = dirs[0].path().join("events.ndjson").display().to_string();
+    let mut second = GeogateProcess::launch_with(
+        dirs[1].path(),
+        &setup(s.broker.port, "lock-second", ""),
+        |config| {
+            let config = config.replace(
+                &format!("{}/events.ndjson", dirs[1].path().display()),
+                &events,
+            );
+            support::redis::with_shared_state(&config, &urls, 60.0)
+        },
+        None,
+    );
+    let (status, log) = second.wait_refused();
+    assert!(!status.success());
+    assert!(
+        log.contains("another geogate writes this events file"),
+        "{log}"
+    );
+    drop(first);
+}

@@ -26,6 +26,19 @@ pub struct EventsConfig {
     pub mqtt_max_age_s: f64,
     /// POST transitions to an HTTP endpoint too.
     pub webhook: Option<WebhookConfig>,
+    /// Rotate the events file once it holds this many bytes, and/or once
+    /// it is this old; keep this many rotated files.
+    pub rotate_bytes: Option<u64>,
+    pub rotate_interval_s: Option<f64>,
+    pub rotate_keep: usize,
+}
+
+/// When the events file is rotated, and how many rotated files are kept.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rotation {
+    pub bytes: Option<u64>,
+    pub interval: Option<Duration>,
+    pub keep: usize,
 }
 
 /// `[events.webhook]`.
@@ -126,6 +139,9 @@ impl Default for EventsConfig {
             max_pending: 100_000,
             mqtt_max_age_s: 600.0,
             webhook: None,
+            rotate_bytes: None,
+            rotate_interval_s: None,
+            rotate_keep: 10,
         }
     }
 }
@@ -141,6 +157,36 @@ impl EventsConfig {
         if let Some(webhook) = &self.webhook {
             webhook.check(problems);
         }
+        if self.rotate_bytes.is_some_and(|b| b < 4096) {
+            problems.add("events.rotate_bytes", "must be ≥ 4096");
+        }
+        if self
+            .rotate_interval_s
+            .is_some_and(|s| !(s.is_finite() && s >= 1.0))
+        {
+            problems.add("events.rotate_interval_s", "must be a number ≥ 1 (seconds)");
+        }
+        if self.rotate_keep == 0 {
+            problems.add(
+                "events.rotate_keep",
+                "must be ≥ 1: a rotated file is kept until this many newer ones exist",
+            );
+        }
+        if (self.rotate_bytes.is_some() || self.rotate_interval_s.is_some()) && self.path.is_none()
+        {
+            problems.add("events.rotate_bytes", "rotation needs events.path");
+        }
+    }
+
+    /// When the events file rotates, if it does.
+    pub fn rotation(&self) -> Option<Rotation> {
+        (self.rotate_bytes.is_some() || self.rotate_interval_s.is_some()).then(|| Rotation {
+            bytes: self.rotate_bytes,
+            interval: self
+                .rotate_interval_s
+                .map(|s| Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX)),
+            keep: self.rotate_keep,
+        })
     }
 
     /// The MQTT output's bounds.

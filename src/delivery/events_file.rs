@@ -11,7 +11,7 @@
 use crate::sink::append_file::last_newline;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Tail {
@@ -28,9 +28,136 @@ pub struct Tail {
 /// Lines looked at, from the end, for one that carries a seq.
 const LINES_SEARCHED: usize = 1000;
 
-/// Reads the tail of `path` without changing it. A missing file is an
-/// empty one.
+/// Reads where the events file ends, without changing anything: its tail,
+/// or when it holds no line with a seq (just rotated, or gone), the tail
+/// of the newest file rotated away from it ([`rotated_files`]). A missing
+/// file is an empty one.
 pub fn read(path: &Path) -> io::Result<Tail> {
+    let current = read_one(path)?;
+    if current.last_seq.is_some() {
+        return Ok(current);
+    }
+    match rotated_files(path)?.pop() {
+        Some(newest) => Ok(Tail {
+            last_seq: read_one(&newest.path)?.last_seq.or(Some(newest.last)),
+            has_lines: true,
+            ..current
+        }),
+        None => Ok(current),
+    }
+}
+
+/// The seq on the first line of `path`, if it has one.
+pub fn first_seq(path: &Path) -> io::Result<Option<u64>> {
+    use std::io::BufRead;
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut line = Vec::new();
+    io::BufReader::new(file.take(1 << 20)).read_until(b'\n', &mut line)?;
+    Ok(serde_json::from_slice::<serde_json::Value>(&line)
+        .ok()
+        .and_then(|v| v.get("seq").and_then(serde_json::Value::as_u64)))
+}
+
+/// A file rotated away from the events file: `<path>.<first>-<last>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rotated {
+    pub first: u64,
+    pub last: u64,
+    pub path: PathBuf,
+}
+
+/// Where the lines `first..=last` go when the file at `path` is rotated:
+/// the seqs zero-padded, so that the names sort in seq order.
+pub fn rotated_path(path: &Path, first: u64, last: u64) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(format!(".{first:012}-{last:012}"));
+    PathBuf::from(name)
+}
+
+/// The files rotated away from `path`, oldest first. Only names of the
+/// form [`rotated_path`] gives count: a copy someone else made is not one.
+pub fn rotated_files(path: &Path) -> io::Result<Vec<Rotated>> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let Some(base) = path.file_name().and_then(|n| n.to_str()) else {
+        return Ok(Vec::new());
+    };
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(range) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(base))
+            .and_then(|n| n.strip_prefix('.'))
+        else {
+            continue;
+        };
+        let Some((first, last)) = range.split_once('-') else {
+            continue;
+        };
+        let digits = |s: &str| s.len() == 12 && s.bytes().all(|b| b.is_ascii_digit());
+        if let (true, true, Ok(first), Ok(last)) = (
+            digits(first),
+            digits(last),
+            first.parse::<u64>(),
+            last.parse::<u64>(),
+        ) {
+            found.push(Rotated {
+                first,
+                last,
+                path: entry.path(),
+            });
+        }
+    }
+    found.sort_by_key(|r| r.last);
+    Ok(found)
+}
+
+/// Takes `<path>.lock` for this process's life: one geogate writes an
+/// events file, whatever its state backend. Refused at once if another
+/// holds it.
+pub fn lock(path: &Path) -> io::Result<File> {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let lock_path = PathBuf::from(name);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(io::Error::new(
+            io::ErrorKind::WouldBlock,
+            format!(
+                "another geogate writes this events file (it holds {}); give each instance an events file of its own",
+                lock_path.display()
+            ),
+        )),
+        Err(std::fs::TryLockError::Error(e)) => Err(e),
+    }
+}
+
+/// The events file and the files rotated away from it, newest first.
+fn newest_first(path: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut files = vec![path.to_owned()];
+    files.extend(rotated_files(path)?.into_iter().rev().map(|r| r.path));
+    Ok(files)
+}
+
+fn read_one(path: &Path) -> io::Result<Tail> {
     let mut file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Tail::default()),
@@ -66,15 +193,22 @@ pub fn read(path: &Path) -> io::Result<Tail> {
 /// crash checks before writing it again.
 pub fn recent_ids(path: &Path, n: usize) -> io::Result<std::collections::HashSet<String>> {
     let mut ids = std::collections::HashSet::new();
-    each_complete_line_backwards(path, n, |line| {
-        if let Some(id) = serde_json::from_slice::<serde_json::Value>(line)
-            .ok()
-            .and_then(|v| v.get("id").and_then(|id| id.as_str().map(str::to_owned)))
-        {
-            ids.insert(id);
+    let mut lines = 0;
+    for file in newest_first(path)? {
+        each_complete_line_backwards(&file, n - lines, |line| {
+            lines += 1;
+            if let Some(id) = serde_json::from_slice::<serde_json::Value>(line)
+                .ok()
+                .and_then(|v| v.get("id").and_then(|id| id.as_str().map(str::to_owned)))
+            {
+                ids.insert(id);
+            }
+            true
+        })?;
+        if lines >= n {
+            break;
         }
-        true
-    })?;
+    }
     Ok(ids)
 }
 
@@ -90,22 +224,31 @@ pub fn entries_after(path: &Path, after: u64) -> io::Result<Vec<super::outbox::O
         vehicle: std::borrow::Cow<'a, str>,
     }
     let mut entries = Vec::new();
-    each_complete_line_backwards(path, usize::MAX, |line| {
-        // A line without a seq (appended by someone else) is skipped.
-        match serde_json::from_slice::<Head>(line) {
-            Ok(head) if head.seq <= after => false,
-            Ok(head) => {
-                entries.push(super::outbox::OutboxEntry {
-                    seq: head.seq,
-                    vehicle: head.vehicle.as_ref().into(),
-                    line: line.to_vec(),
-                    committed_ms: 0,
-                });
-                true
+    let mut reached = false;
+    for file in newest_first(path)? {
+        each_complete_line_backwards(&file, usize::MAX, |line| {
+            // A line without a seq (appended by someone else) is skipped.
+            match serde_json::from_slice::<Head>(line) {
+                Ok(head) if head.seq <= after => {
+                    reached = true;
+                    false
+                }
+                Ok(head) => {
+                    entries.push(super::outbox::OutboxEntry {
+                        seq: head.seq,
+                        vehicle: head.vehicle.as_ref().into(),
+                        line: line.to_vec(),
+                        committed_ms: 0,
+                    });
+                    true
+                }
+                Err(_) => true,
             }
-            Err(_) => true,
+        })?;
+        if reached {
+            break;
         }
-    })?;
+    }
     entries.reverse();
     Ok(entries)
 }

@@ -32,9 +32,11 @@ pub mod writer;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-/// The outputs after the events file, as configured.
+/// How transitions leave once committed, as configured: the events file's
+/// rotation, and the outputs after the file.
 #[derive(Default)]
 pub struct Outputs {
+    pub rotation: Option<config::Rotation>,
     /// The connection transitions are also published on, and how far that
     /// output may fall behind.
     pub mqtt: Option<(

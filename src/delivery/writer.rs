@@ -12,12 +12,15 @@
 //! again, then syncs, so the file holds each seq once whichever of its
 //! pages reached the disk.
 
+use super::config::Rotation;
+use super::events_file;
 use super::outbox::OutboxEntry;
 use crate::crash_point;
 use crate::shutdown::Drain;
-use crate::sink::append_file::AppendFile;
+use crate::sink::append_file::{AppendFile, FileChange};
 use crate::sink::config::FsyncPolicy;
 use crate::sink::health::SinkHealth;
+use std::fs::File;
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
@@ -43,6 +46,14 @@ pub struct EventsWriter {
     /// (with `unsynced` queued again) yet: the next attempt does that
     /// first.
     must_rewrite: bool,
+    /// When the file is rotated; the first seq the current file holds,
+    /// and when it was started.
+    rotation: Option<Rotation>,
+    first_seq: Option<u64>,
+    started: Instant,
+    /// `<path>.lock`, held for the writer's life: no second geogate
+    /// writes the file.
+    _lock: File,
 }
 
 /// How often, at most, the file is synced under `fsync = "flush"`: the
@@ -59,10 +70,13 @@ impl EventsWriter {
     /// until a later sync works.
     pub fn open(
         path: &Path,
+        lock: File,
         fsync: FsyncPolicy,
+        rotation: Option<Rotation>,
         last_seq: u64,
         held: &'static str,
     ) -> io::Result<Self> {
+        let first_seq = events_file::first_seq(path)?;
         let mut file = AppendFile::open(path)?;
         let synced_seq = match file.sync_data() {
             Ok(()) => last_seq,
@@ -84,6 +98,10 @@ impl EventsWriter {
             last_sync: Instant::now(),
             unsynced: Vec::new(),
             must_rewrite: false,
+            rotation,
+            first_seq,
+            started: Instant::now(),
+            _lock: lock,
         })
     }
 
@@ -165,6 +183,9 @@ impl EventsWriter {
     /// says; true once they are written, false if the drain deadline
     /// passed first (their lines are then never written by this process).
     pub async fn write(&mut self, entries: &[OutboxEntry], drain: &mut Drain) -> bool {
+        if !self.follow_outside_change(drain).await {
+            return false;
+        }
         let mut lines = Vec::new();
         let mut last = self.last_seq;
         for e in entries.iter().filter(|e| e.seq > self.last_seq) {
@@ -174,6 +195,9 @@ impl EventsWriter {
         }
         if lines.is_empty() {
             return true;
+        }
+        if self.first_seq.is_none() {
+            self.first_seq = entries.iter().map(|e| e.seq).find(|&s| s > self.last_seq);
         }
         self.unsynced.extend_from_slice(&lines);
         if crash_point::armed("relay.mid_line") {
@@ -202,6 +226,143 @@ impl EventsWriter {
                 return false;
             }
         }
+        self.rotate_if_due(drain).await
+    }
+
+    /// Notices what another process did to the file since the last write.
+    /// Moved away (a log rotator's rename): everything written is synced
+    /// to the moved file, which keeps it, and a new file is started at the
+    /// path, seqs going on. Cut shorter than the last sync left it
+    /// (`copytruncate`): lines are lost past repair, so nothing more is
+    /// written (the sink stays unhealthy, acks stay held) until it is
+    /// whole again or geogate restarts, where the start names the gap.
+    /// Cut back no further than the last sync: what a lost write-back
+    /// leaves, written again as after a failed sync.
+    async fn follow_outside_change(&mut self, drain: &mut Drain) -> bool {
+        match self.file.change() {
+            Ok(FileChange::Same) | Err(_) => true,
+            Ok(FileChange::Moved) => {
+                if self.synced_seq < self.last_seq && !self.sync_now(drain).await {
+                    return false;
+                }
+                tracing::warn!(
+                    "events file {} was moved away by another process with seqs up to {}; a new file is started at the path (use events.rotate_bytes / rotate_interval_s to rotate without one)",
+                    self.path().display(),
+                    self.last_seq
+                );
+                self.restart_file();
+                true
+            }
+            Ok(FileChange::Shrunk { found, .. }) if found >= self.synced_len => {
+                self.must_rewrite = true;
+                true
+            }
+            Ok(FileChange::Shrunk { expected, found }) => {
+                let refusal = || {
+                    io::Error::other(format!(
+                        "cut from {expected} to {found} bytes by another process (copytruncate?): lines may be lost, so nothing more is written; restore the file or restart geogate, which names the seqs missing"
+                    ))
+                };
+                tracing::error!("events file {}: {}", self.path().display(), refusal());
+                let health = self.health.clone();
+                drain
+                    .retry(&*health, refusal(), || match self.file.change() {
+                        Ok(FileChange::Shrunk { found, .. }) if found < self.synced_len => {
+                            Err(refusal())
+                        }
+                        _ => Ok(()),
+                    })
+                    .await
+            }
+        }
+    }
+
+    /// A new, empty file at the path: the current one was rotated or
+    /// moved away.
+    fn restart_file(&mut self) {
+        if let Err(e) = self.file.reopen() {
+            // The next write reports it, and retries.
+            tracing::error!("events file {}: {e}", self.path().display());
+        }
+        self.synced_len = self.file.len();
+        self.first_seq = None;
+        self.started = Instant::now();
+    }
+
+    /// Rotates the file if it is past `events.rotate_bytes` or older than
+    /// `rotate_interval_s`: synced first (a rotated file is never cut back,
+    /// and the cursor covers it), renamed to `<path>.<first>-<last>`, a new
+    /// file started, the directory synced, and the oldest rotated files
+    /// past `rotate_keep` deleted. A crash at any step leaves either the
+    /// old name or the new one holding every line, and the start reads
+    /// the last seq from the newest rotated file when the current one has
+    /// none. False if the drain deadline passed first.
+    async fn rotate_if_due(&mut self, drain: &mut Drain) -> bool {
+        let Some(rotation) = self.rotation else {
+            return true;
+        };
+        let big = rotation.bytes.is_some_and(|b| self.file.len() >= b);
+        let old = rotation
+            .interval
+            .is_some_and(|i| self.started.elapsed() >= i);
+        if self.file.is_empty() || !(big || old) {
+            return true;
+        }
+        if self.synced_seq < self.last_seq && !self.sync_now(drain).await {
+            return false;
+        }
+        let path = self.path().to_owned();
+        let to = events_file::rotated_path(
+            &path,
+            self.first_seq.unwrap_or(self.last_seq),
+            self.last_seq,
+        );
+        crash_point::reached("events.before_rotate");
+        if let Err(e) = std::fs::rename(&path, &to) {
+            tracing::error!(
+                "events file {}: not rotated to {} ({e}); tried again after the next write",
+                path.display(),
+                to.display()
+            );
+            return true;
+        }
+        crash_point::reached("events.rotated");
+        self.restart_file();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+            && let Err(e) = File::open(dir).and_then(|d| d.sync_all())
+        {
+            tracing::warn!(
+                "events file {}: directory not synced after rotating: {e}",
+                path.display()
+            );
+        }
+        tracing::info!("events file rotated to {}", to.display());
+        self.delete_past_retention(&path, rotation.keep);
         true
+    }
+
+    fn delete_past_retention(&self, path: &Path, keep: usize) {
+        let rotated = match events_file::rotated_files(path) {
+            Ok(rotated) => rotated,
+            Err(e) => {
+                tracing::warn!(
+                    "events file {}: rotated files not listed: {e}",
+                    path.display()
+                );
+                return;
+            }
+        };
+        let past = rotated.len().saturating_sub(keep);
+        for old in &rotated[..past] {
+            match std::fs::remove_file(&old.path) {
+                Ok(()) => tracing::info!(
+                    "events file {} deleted (seqs {}..={}, past events.rotate_keep)",
+                    old.path.display(),
+                    old.first,
+                    old.last
+                ),
+                Err(e) => tracing::warn!("events file {}: not deleted: {e}", old.path.display()),
+            }
+        }
     }
 }

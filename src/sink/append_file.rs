@@ -13,6 +13,19 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
+/// What [`AppendFile::change`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileChange {
+    Same,
+    /// The path is gone, or names another file.
+    Moved,
+    /// The same file, shorter than what was written to it.
+    Shrunk {
+        expected: u64,
+        found: u64,
+    },
+}
+
 pub struct AppendFile {
     path: PathBuf,
     /// `None` after a failure: reopened by path on the next attempt.
@@ -129,6 +142,39 @@ impl AppendFile {
         self.unwritten.clear();
         self.len = len.min(file.metadata()?.len());
         Ok(())
+    }
+
+    /// Whether the path still names the file this writer has open, as it
+    /// left it: another process may have renamed it away (a log rotator's
+    /// `create` mode), or cut it shorter (`copytruncate`).
+    #[cfg(unix)]
+    pub fn change(&self) -> io::Result<FileChange> {
+        use std::os::unix::fs::MetadataExt;
+        let Some(file) = &self.file else {
+            return Ok(FileChange::Same);
+        };
+        let open = file.metadata()?;
+        let at_path = match std::fs::metadata(&self.path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(FileChange::Moved),
+            Err(e) => return Err(e),
+        };
+        if (open.dev(), open.ino()) != (at_path.dev(), at_path.ino()) {
+            return Ok(FileChange::Moved);
+        }
+        if at_path.len() < self.len {
+            return Ok(FileChange::Shrunk {
+                expected: self.len,
+                found: at_path.len(),
+            });
+        }
+        Ok(FileChange::Same)
+    }
+
+    /// Closes the open file and opens (or creates) the one at the path now.
+    pub fn reopen(&mut self) -> io::Result<()> {
+        self.file = None;
+        self.file().map(|_| ())
     }
 
     /// A second handle on the open file, for syncing it on another thread.

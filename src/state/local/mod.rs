@@ -71,6 +71,10 @@ impl LocalBackend {
             source,
         };
         let events = ctx.events.as_deref();
+        // Before anything touches the file: no second geogate writes it.
+        let lock = events
+            .map(|path| events_file::lock(path).map_err(|e| events_error(path, e)))
+            .transpose()?;
         if tail.torn_bytes > 0
             && let Some(path) = events
         {
@@ -146,12 +150,19 @@ impl LocalBackend {
         }
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         // The file first: if it cannot be opened, nothing has been started.
-        let file = match events {
-            Some(path) => Some(
-                EventsWriter::open(path, config.fsync, file_seq, "its message stays unacked")
-                    .map_err(|e| events_error(path, e))?,
+        let file = match (events, lock) {
+            (Some(path), Some(lock)) => Some(
+                EventsWriter::open(
+                    path,
+                    lock,
+                    config.fsync,
+                    ctx.outputs.rotation,
+                    file_seq,
+                    "its message stays unacked",
+                )
+                .map_err(|e| events_error(path, e))?,
             ),
-            None => None,
+            _ => None,
         };
         let mut outputs = Vec::new();
         let mut senders = Vec::new();

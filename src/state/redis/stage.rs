@@ -75,13 +75,17 @@ impl SharedStage {
             path: events.to_owned(),
             source,
         };
+        // Before anything touches the file: no second geogate writes it.
+        let lock = events_file::lock(events).map_err(events_error)?;
         let tail = events_file::read(events).map_err(events_error)?;
         events_file::cut_torn(events, &tail).map_err(events_error)?;
         let recent = events_file::recent_ids(events, RECENT_LINES).map_err(events_error)?;
         let next_seq = tail.last_seq.unwrap_or(0) + 1;
         let file = EventsWriter::open(
             events,
+            lock,
             config.fsync,
+            outputs.rotation,
             next_seq - 1,
             "its transitions stay in the outbox",
         )
