@@ -159,12 +159,6 @@ impl Config {
             &mut problems,
         );
         self.metrics.check(&mut problems);
-        if self.state.backend == StateBackend::Redis && self.events.webhook.is_some() {
-            problems.add(
-                "events.webhook",
-                "is not built for state.backend = \"redis\" yet: its instances keep no webhook cursor",
-            );
-        }
         if self.state.backend == StateBackend::Redis
             && self.pipeline.reorder_window_ms.is_some_and(|w| w > 0)
         {

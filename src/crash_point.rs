@@ -15,7 +15,9 @@
 //! moved, some of them not yet synced, so not let go of),
 //! `relay.before_mqtt_cursor` (published, the MQTT cursor not yet moved),
 //! `webhook.before_cursor` (a batch the receiver accepted, the webhook's
-//! cursor not yet moved). With the redis backend: `shared.applied` (a
+//! cursor not yet moved), `events.before_rotate` (the events file synced,
+//! not yet renamed), `events.rotated` (renamed, no new file yet). With the
+//! redis backend: `shared.applied` (a
 //! batch applied in Redis, its messages not acked), `outbox.read` (entries
 //! taken from a stream, not yet written), `outbox.written` (lines written,
 //! the entries not yet acked, nor handed to the publisher), and

@@ -58,6 +58,8 @@ struct Role<'a> {
     events_mqtt: bool,
     /// Its events file's write-back modelled by the sync shim.
     shim: Option<&'a Path>,
+    /// It also posts transitions to this webhook URL.
+    webhook: Option<&'a str>,
 }
 
 const MEMBER: Role<'static> = Role {
@@ -66,6 +68,7 @@ const MEMBER: Role<'static> = Role {
     crash_point: None,
     events_mqtt: false,
     shim: None,
+    webhook: None,
 };
 
 /// An instance with its state at `urls` (several: a Cluster's seeds).
@@ -87,6 +90,15 @@ fn launch(dir: &Path, broker: u16, urls: &[String], id: &str, role: Role) -> Geo
                 r#"topics = ["fleet/+/telemetry", "owntracks/+/+"]"#,
                 role.topics,
             );
+            let config = match role.webhook {
+                Some(url) => config.replace(
+                    "[state]\n",
+                    &format!(
+                        "[events.webhook]\nurl = \"{url}\"\nsecret = \"s\"\nbatch = 20\n[state]\n"
+                    ),
+                ),
+                None => config,
+            };
             support::redis::with_shared_state(&config, urls, role.claim_idle_s)
         },
         None,
@@ -635,4 +647,49 @@ fn a_second_instance_on_one_events_file_is_refused() {
         "{log}"
     );
     drop(first);
+}
+
+/// Transitions posted to a webhook from three instances, one SIGKILLed
+/// after the receiver accepted a batch and before its cursor moved, and
+/// restarted: every transition in the files arrives, at least once, as
+/// the line that holds it; the files stay exact.
+#[test]
+fn a_webhook_gets_every_transition_from_the_instances() {
+    let Some(s) = servers() else {
+        return;
+    };
+    let Some(receiver) = support::webhook::WebhookReceiver::start("s") else {
+        return;
+    };
+    let url = receiver.url();
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let urls = [s.redis.url()];
+    let mut instances: Vec<_> = dirs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let role = Role {
+                webhook: Some(&url),
+                ..MEMBER
+            };
+            launch(d.path(), s.broker.port, &urls, &format!("hook-{i}"), role)
+        })
+        .collect();
+    let publishing = stream_under_way(&s.runtime, s.broker.port, 4 * PACE, &instances, 0.1);
+    kill_at(&mut instances[0], &["webhook.before_cursor:2"]);
+    s.runtime.block_on(publishing).unwrap();
+    wait_delivered(&dirs, s.want.len());
+    wait_until(60, "every transition posted", || {
+        let posted: std::collections::BTreeSet<String> =
+            receiver.accepted().into_iter().map(|(id, ..)| id).collect();
+        s.want.values().flatten().all(|id| posted.contains(id))
+    });
+    let union = stop_and_collect(instances, &dirs);
+    assert_exactly(&union, &s.want, "with a webhook and a SIGKILL");
+    assert!(
+        receiver
+            .requests()
+            .iter()
+            .all(|r| r["signature_ok"] == true)
+    );
 }

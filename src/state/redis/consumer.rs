@@ -12,8 +12,10 @@
 //! longer than `claim_idle_s` has its pending entries claimed
 //! (`XAUTOCLAIM`) by a live one, which writes them.
 //!
-//! With `events.mqtt` on, what was written is also handed to the publisher
-//! (see [`super::mqtt_cursor`]); the broker never holds up the acks here.
+//! With `events.mqtt` or `[events.webhook]` on, what was written is also
+//! handed to each output's queue
+//! (see [`super::output_cursor`]); an output never holds up the acks
+//! here beyond its queue's bound.
 //!
 //! Streams are trimmed to the oldest entry the group still needs.
 
@@ -71,26 +73,27 @@ pub struct OutboxConsumer {
     pub unacked: std::collections::BTreeMap<(u32, String), u64>,
     /// Registers this instance's fence set each housekeeping pass.
     pub fence_sets: FenceSets,
-    /// The publisher's feed, when transitions also go over MQTT, and what
-    /// the events file holds that it has not confirmed (handed over first).
-    pub publisher: Option<(OutputFeed, Vec<OutboxEntry>)>,
+    /// Each output after the file (MQTT, the webhook): its queue's feed,
+    /// and what the events file holds that it has not confirmed (handed
+    /// over first).
+    pub outputs: Vec<(OutputFeed, Vec<OutboxEntry>)>,
 }
 
 impl OutboxConsumer {
     /// Runs until `stop` turns true and a pass finds nothing more to
     /// deliver, or the drain deadline passes; then leaves the register of
-    /// fence sets (and hangs up on the publisher).
+    /// fence sets (and hangs up on the outputs).
     pub async fn run(mut self, stop: watch::Receiver<bool>, drain: Drain) {
         self.deliver_until(stop, drain).await;
-        // Hung up first: the publisher starts its final wait for acks.
-        self.publisher = None;
+        // Hung up first: the outputs start their final wait.
+        self.outputs.clear();
         self.fence_sets.leave(&mut self.link).await;
     }
 
     async fn deliver_until(&mut self, mut stop: watch::Receiver<bool>, mut drain: Drain) {
-        if let Some((_, backlog)) = &mut self.publisher {
-            let backlog = std::mem::take(backlog);
-            if !self.publish(backlog, &mut drain).await {
+        for i in 0..self.outputs.len() {
+            let backlog = std::mem::take(&mut self.outputs[i].1);
+            if !self.hand_over(i, backlog, &mut drain).await {
                 return;
             }
         }
@@ -299,24 +302,35 @@ impl OutboxConsumer {
         Ok(count)
     }
 
-    /// Hands written entries to the publisher once its queue has room for
+    /// Hands written entries to every output once its queue has room for
     /// them (a full one holds this consumer, and the streams keep the
     /// rest); false if the drain deadline passed first.
     async fn publish(&mut self, entries: Vec<OutboxEntry>, drain: &mut Drain) -> bool {
-        let Some((feed, _)) = &self.publisher else {
-            return true;
-        };
+        for i in 0..self.outputs.len() {
+            if !self.hand_over(i, entries.clone(), drain).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    async fn hand_over(
+        &mut self,
+        output: usize,
+        entries: Vec<OutboxEntry>,
+        drain: &mut Drain,
+    ) -> bool {
+        let feed = &self.outputs[output].0;
         for piece in entries.chunks(feed.chunk().max(1)) {
             if !feed.make_room(piece.len(), drain).await {
                 return false;
             }
             if !feed.send(piece.to_vec()) {
-                // The publisher outlives this consumer unless it failed;
-                // its cursor brings these back at the next start.
+                // An output outlives this consumer unless it failed; its
+                // cursor brings these back at the next start.
                 tracing::error!(
-                    "events over MQTT: the publisher has stopped; transitions go to the events file only until a restart"
+                    "an output after the events file has stopped; its transitions wait in the events file until a restart"
                 );
-                self.publisher = None;
                 return true;
             }
         }

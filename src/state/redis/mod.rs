@@ -15,7 +15,7 @@ mod backend;
 mod config;
 mod consumer;
 pub mod fence_sets;
-mod mqtt_cursor;
+mod output_cursor;
 mod script;
 mod stage;
 

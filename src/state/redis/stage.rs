@@ -5,12 +5,12 @@
 use super::applier::SharedApplier;
 use super::consumer::{GROUP, OutboxConsumer, RECENT_LINES};
 use super::fence_sets::FenceSets;
-use super::mqtt_cursor::MqttCursor;
+use super::output_cursor::OutputCursor;
 use super::{SharedRules, SharedStateError};
-use crate::delivery::Cursors;
 use crate::delivery::Outputs;
 use crate::delivery::events_file;
 use crate::delivery::publisher::Publisher;
+use crate::delivery::webhook::Webhook;
 use crate::delivery::writer::EventsWriter;
 use crate::geofence::{EvaluatorSettings, FenceIndex};
 use crate::redis_link::RedisLink;
@@ -19,6 +19,7 @@ use crate::state::StateConfig;
 use crate::state::StateError;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -28,8 +29,9 @@ pub struct SharedStage {
     link: RedisLink,
     stop: watch::Sender<bool>,
     consumer: JoinHandle<()>,
-    /// With MQTT: the publisher, what keeps its cursor, and that one's stop.
-    mqtt: Option<(JoinHandle<()>, JoinHandle<()>, watch::Sender<bool>)>,
+    /// Each output after the events file: its task, what keeps its cursor,
+    /// and that one's stop.
+    senders: Vec<(JoinHandle<()>, JoinHandle<()>, watch::Sender<bool>)>,
 }
 
 impl SharedStage {
@@ -91,42 +93,69 @@ impl SharedStage {
         )
         .map_err(events_error)?;
         let (stop, stop_rx) = watch::channel(false);
-        let (publisher, mqtt) = match outputs.mqtt {
+        // Each output after the file: its cursor beside the file, what the
+        // file holds past it (handed over first), and its queue.
+        let mut feeds = Vec::new();
+        let mut senders = Vec::new();
+        let follow = |output: &'static str| -> Result<_, StateError> {
+            let cursor = OutputCursor::beside(events, output);
+            let confirmed = cursor.load(next_seq - 1).map_err(StateError::Shared)?;
+            let backlog = events_file::entries_after(events, confirmed).map_err(events_error)?;
+            if !backlog.is_empty() {
+                tracing::info!(
+                    "{output}: {} transition(s) in {} after the last confirmed one; sending them again",
+                    backlog.len(),
+                    events.display()
+                );
+            }
+            Ok((cursor, Arc::new(AtomicU64::new(confirmed)), backlog))
+        };
+        // Nothing waits for the outputs' `done`: the stage awaits their
+        // tasks instead.
+        let (done, _) = std::sync::mpsc::channel();
+        let mut keep = |cursor: OutputCursor, position: Arc<AtomicU64>, task, feed, backlog| {
+            let (keeper_stop, keeper_stop_rx) = watch::channel(false);
+            let confirmed = position.load(std::sync::atomic::Ordering::Relaxed);
+            let keeper = tokio::spawn(cursor.keep(confirmed, position, keeper_stop_rx));
+            feeds.push((feed, backlog));
+            senders.push((task, keeper, keeper_stop));
+        };
+        match outputs.mqtt {
             Some((options, network, limits)) => {
-                let cursor = MqttCursor::beside(events);
-                let confirmed = cursor.load(next_seq - 1).map_err(StateError::Shared)?;
-                let backlog =
-                    events_file::entries_after(events, confirmed).map_err(events_error)?;
-                if !backlog.is_empty() {
-                    tracing::info!(
-                        "events over MQTT: {} transition(s) in {} after the last confirmed one; sending them again",
-                        backlog.len(),
-                        events.display()
-                    );
-                }
-                let cursors = Arc::new(Cursors::new(u64::MAX, confirmed, u64::MAX));
-                // Nothing waits for the publisher's `done`: the stage
-                // awaits its task instead.
-                let (done, _) = std::sync::mpsc::channel();
+                let (cursor, position, backlog) = follow("mqtt")?;
                 let (task, feed) = Publisher::spawn(
                     (options, network),
                     limits,
-                    cursors.mqtt.clone(),
+                    position.clone(),
                     drain.clone(),
-                    done,
+                    done.clone(),
                     outputs.dead_letter.clone(),
                 );
-                let (keeper_stop, keeper_stop_rx) = watch::channel(false);
-                let keeper = tokio::spawn(cursor.keep(confirmed, cursors, keeper_stop_rx));
-                (Some((feed, backlog)), Some((task, keeper, keeper_stop)))
+                keep(cursor, position, task, feed, backlog);
             }
-            None => {
-                MqttCursor::beside(events)
-                    .forget()
-                    .map_err(StateError::Shared)?;
-                (None, None)
+            None => OutputCursor::beside(events, "mqtt")
+                .forget()
+                .map_err(StateError::Shared)?,
+        }
+        match outputs.webhook {
+            Some((target, limits)) => {
+                let (cursor, position, backlog) = follow("webhook")?;
+                let url = target.url.to_string();
+                let (task, feed) = Webhook::spawn(
+                    target,
+                    limits,
+                    position.clone(),
+                    drain.clone(),
+                    done.clone(),
+                    outputs.dead_letter.clone(),
+                )
+                .map_err(|e| StateError::Webhook(format!("{url}: {e}")))?;
+                keep(cursor, position, task, feed, backlog);
             }
-        };
+            None => OutputCursor::beside(events, "webhook")
+                .forget()
+                .map_err(StateError::Shared)?,
+        }
         let consumer = OutboxConsumer {
             link: link.clone(),
             keys: rules.keys.clone(),
@@ -143,7 +172,7 @@ impl SharedStage {
                 Duration::from_secs_f64(config.redis.claim_idle_s),
             ),
             unacked: Default::default(),
-            publisher,
+            outputs: feeds,
         };
         tracing::info!(
             "state in redis {} (prefix {}, {} partitions); this instance delivers as {consumer_name}",
@@ -156,7 +185,7 @@ impl SharedStage {
             consumer: tokio::spawn(consumer.run(stop_rx, drain)),
             link,
             stop,
-            mqtt,
+            senders,
         })
     }
 
@@ -170,10 +199,10 @@ impl SharedStage {
     pub async fn finish(self) {
         let _ = self.stop.send(true);
         let _ = self.consumer.await;
-        // The consumer hung up on the publisher, which waits (until the
-        // deadline) for the broker's acks; then the cursor is kept once more.
-        if let Some((publisher, keeper, stop)) = self.mqtt {
-            let _ = publisher.await;
+        // The consumer hung up on the outputs, which deliver what they hold
+        // (until the deadline); then each cursor is kept once more.
+        for (task, keeper, stop) in self.senders {
+            let _ = task.await;
             let _ = stop.send(true);
             let _ = keeper.await;
         }

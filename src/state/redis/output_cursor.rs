@@ -1,20 +1,20 @@
-//! How far this instance's transitions have gone over MQTT, kept beside its
-//! events file (`{events}.mqtt-cursor`, the last seq the broker confirmed
-//! with everything before it).
+//! How far this instance's transitions have gone over an output after its
+//! events file (MQTT, the webhook), kept beside that file
+//! (`{events}.mqtt-cursor`, `{events}.webhook-cursor`: the last seq the
+//! output confirmed with everything before it).
 //!
 //! With the redis backend the events file is the truth of what this
 //! instance delivered: the outbox consumer writes and `XACK`s as without
-//! MQTT, and hands what it wrote to the publisher
-//! ([`crate::delivery::publisher`]), which moves the cursor only on full
-//! confirmation. So the broker never holds up delivery or the acks in
-//! Redis, and a crash costs at most a resend: at start everything in the
-//! file after the cursor is published again (same `id`).
+//! other outputs, and hands what it wrote to each output's queue
+//! ([`crate::delivery::output_queue`]), whose cursor moves only on
+//! confirmation. So an output never holds up the acks in Redis beyond its
+//! queue's bound, and a crash costs at most a resend: at start everything
+//! in the file after the cursor is sent again (same `id`).
 
-use crate::delivery::Cursors;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -22,19 +22,24 @@ use tokio::sync::watch;
 /// more than was unconfirmed.
 const KEEP_EVERY: Duration = Duration::from_millis(100);
 
-pub struct MqttCursor {
+pub struct OutputCursor {
     path: PathBuf,
+    /// `mqtt` or `webhook`, for the file's name and the log.
+    output: &'static str,
 }
 
-impl MqttCursor {
-    pub fn beside(events: &Path) -> Self {
+impl OutputCursor {
+    pub fn beside(events: &Path, output: &'static str) -> Self {
         let mut path = events.as_os_str().to_owned();
-        path.push(".mqtt-cursor");
-        Self { path: path.into() }
+        path.push(format!(".{output}-cursor"));
+        Self {
+            path: path.into(),
+            output,
+        }
     }
 
     /// The stored cursor, given `file_seq`, the events file's last seq.
-    /// With no cursor yet, `file_seq` is stored and returned: MQTT starts
+    /// With no cursor yet, `file_seq` is stored and returned: the output starts
     /// from now, not from the file's history. A cursor past `file_seq`
     /// (the file was moved away or lost its end) is brought back to it,
     /// or every transition up to the old cursor would be skipped.
@@ -54,7 +59,8 @@ impl MqttCursor {
         };
         if stored > file_seq {
             tracing::warn!(
-                "events over MQTT: {} says seq {stored} was confirmed, but the events file ends at {file_seq}; starting from {file_seq}",
+                "{}: {} says seq {stored} was confirmed, but the events file ends at {file_seq}; starting from {file_seq}",
+                self.output,
                 self.path.display()
             );
             self.store(file_seq).map_err(|e| self.error(e))?;
@@ -63,12 +69,12 @@ impl MqttCursor {
         Ok(stored)
     }
 
-    /// Deletes a cursor left from a run with MQTT on: if it is turned on
-    /// again, it starts from then, not from this old point.
+    /// Deletes a cursor left from a run with the output on: if it is
+    /// turned on again, it starts from then, not from this old point.
     pub fn forget(&self) -> Result<(), String> {
         match std::fs::remove_file(&self.path) {
             Ok(()) => {
-                tracing::info!("events over MQTT are off: removed {}", self.path.display());
+                tracing::info!("{} is off: removed {}", self.output, self.path.display());
                 Ok(())
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -77,7 +83,7 @@ impl MqttCursor {
     }
 
     fn error(&self, e: io::Error) -> String {
-        format!("events over MQTT: cursor {}: {e}", self.path.display())
+        format!("{}: cursor {}: {e}", self.output, self.path.display())
     }
 
     /// Replaces the file whole (written and synced beside it, then
@@ -93,18 +99,18 @@ impl MqttCursor {
         std::fs::rename(&tmp, &self.path)
     }
 
-    /// Writes the cursor whenever the publisher moved it from `stored`
-    /// (what the file holds), until `stop` turns true; then once more.
+    /// Writes the cursor whenever the output moved it from `stored` (what
+    /// the file holds), until `stop` turns true; then once more.
     pub async fn keep(
         self,
         mut stored: u64,
-        cursors: Arc<Cursors>,
+        cursor: Arc<AtomicU64>,
         mut stop: watch::Receiver<bool>,
     ) {
         let mut failing = false;
         loop {
             let stopping = *stop.borrow();
-            let now = cursors.mqtt.load(Relaxed);
+            let now = cursor.load(Relaxed);
             if now != stored {
                 match self.store(now) {
                     Ok(()) => {
@@ -114,7 +120,8 @@ impl MqttCursor {
                     Err(e) if !failing => {
                         failing = true;
                         tracing::warn!(
-                            "events over MQTT: cursor {} not written ({e}); until it is, a restart sends more again",
+                            "{}: cursor {} not written ({e}); until it is, a restart sends more again",
+                            self.output,
                             self.path.display()
                         );
                     }
@@ -139,7 +146,7 @@ mod tests {
     #[test]
     fn a_cursor_starts_at_the_file_end_and_never_stays_past_it() {
         let dir = tempfile::tempdir().unwrap();
-        let cursor = MqttCursor::beside(&dir.path().join("events.ndjson"));
+        let cursor = OutputCursor::beside(&dir.path().join("events.ndjson"), "mqtt");
         assert_eq!(cursor.path, dir.path().join("events.ndjson.mqtt-cursor"));
         // None yet: from the file's end, and created at once.
         assert_eq!(cursor.load(40), Ok(40));
@@ -160,12 +167,12 @@ mod tests {
     #[tokio::test]
     async fn the_keeper_stores_each_move_and_the_last_one_at_stop() {
         let dir = tempfile::tempdir().unwrap();
-        let cursor = MqttCursor::beside(&dir.path().join("events.ndjson"));
+        let cursor = OutputCursor::beside(&dir.path().join("events.ndjson"), "mqtt");
         let path = cursor.path.clone();
-        let cursors = Arc::new(Cursors::new(u64::MAX, 0, u64::MAX));
+        let cursors = Arc::new(crate::delivery::Cursors::new(u64::MAX, 0, u64::MAX));
         let (stop, stop_rx) = watch::channel(false);
         assert_eq!(cursor.load(0), Ok(0));
-        let keeper = tokio::spawn(cursor.keep(0, cursors.clone(), stop_rx));
+        let keeper = tokio::spawn(cursor.keep(0, cursors.mqtt.clone(), stop_rx));
         cursors.mqtt.store(7, Relaxed);
         let stored = || std::fs::read_to_string(&path).ok();
         for _ in 0..100 {
