@@ -60,6 +60,8 @@ struct Role<'a> {
     shim: Option<&'a Path>,
     /// It also posts transitions to this webhook URL.
     webhook: Option<&'a str>,
+    /// Lines added to its `[events]` table.
+    events_extra: &'a str,
 }
 
 const MEMBER: Role<'static> = Role {
@@ -69,6 +71,7 @@ const MEMBER: Role<'static> = Role {
     events_mqtt: false,
     shim: None,
     webhook: None,
+    events_extra: "",
 };
 
 /// An instance with its state at `urls` (several: a Cluster's seeds).
@@ -89,6 +92,10 @@ fn launch(dir: &Path, broker: u16, urls: &[String], id: &str, role: Role) -> Geo
             let config = config.replace(
                 r#"topics = ["fleet/+/telemetry", "owntracks/+/+"]"#,
                 role.topics,
+            );
+            let config = config.replace(
+                "mqtt = false\n",
+                &format!("mqtt = false\n{}", role.events_extra),
             );
             let config = match role.webhook {
                 Some(url) => config.replace(
@@ -692,4 +699,81 @@ fn a_webhook_gets_every_transition_from_the_instances() {
             .iter()
             .all(|r| r["signature_ok"] == true)
     );
+}
+
+/// Every line in an instance's events file and the files rotated away
+/// from it.
+fn lines_in_all_files(dir: &Path) -> Vec<serde_json::Value> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("events.ndjson.0"))
+        })
+        .collect();
+    files.sort();
+    files.push(dir.join("events.ndjson"));
+    files.iter().flat_map(|f| read_ndjson_so_far(f)).collect()
+}
+
+/// With the redis backend, an output reads its backlog back from the
+/// events files at a restart, so rotation keeps a rotated file holding
+/// anything it has not confirmed, past `rotate_keep`: a webhook receiver
+/// down through many rotations and a SIGKILL gets every transition once
+/// it is up, read back across the rotated files.
+#[test]
+fn rotated_files_an_output_still_needs_are_kept() {
+    let Some(s) = servers() else {
+        return;
+    };
+    let Some(mut receiver) = support::webhook::WebhookReceiver::start("s") else {
+        return;
+    };
+    receiver.stop();
+    let url = receiver.url();
+    let dir = tempfile::tempdir().unwrap();
+    let mut geogate = launch(
+        dir.path(),
+        s.broker.port,
+        &[s.redis.url()],
+        "keep-for-hook",
+        Role {
+            webhook: Some(&url),
+            events_extra: "rotate_bytes = 4096\nrotate_keep = 1\n",
+            ..MEMBER
+        },
+    );
+    s.runtime
+        .block_on(publish_all(s.broker.port, &fleet(0..FIXES), Some(PACE)));
+    wait_until(60, "every transition in the files", || {
+        lines_in_all_files(dir.path()).len() >= s.want.len()
+    });
+    let rotated = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter(|e| {
+            e.as_ref().is_ok_and(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("events.ndjson.0")
+            })
+        })
+        .count();
+    assert!(
+        rotated > 1,
+        "rotated files kept past rotate_keep: {rotated}"
+    );
+    geogate.kill();
+    geogate.restart();
+    receiver.start_again();
+    wait_until(60, "every transition posted", || {
+        let posted: std::collections::BTreeSet<String> =
+            receiver.accepted().into_iter().map(|(id, ..)| id).collect();
+        s.want.values().flatten().all(|id| posted.contains(id))
+    });
+    let (ok, stdout) = geogate.stop();
+    assert!(ok, "{stdout}");
+    let lines = lines_in_all_files(dir.path());
+    assert_exactly(&lines, &s.want, "across rotated files");
 }

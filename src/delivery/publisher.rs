@@ -19,10 +19,9 @@
 //! its session, so across a reconnect the client retransmits what was not
 //! acked and the count of acks stays whole. A broker that lost the session
 //! (a new session after the first) drops those in flight: the publisher
-//! then sends every unconfirmed entry again and counts afresh. A publish
-//! handed to the client between that new CONNACK and the publisher noticing
-//! it is acked twice (its copy too) and can let the count run one ahead;
-//! the window is one publisher step long.
+//! then replaces the connection, so that nothing the old client still held
+//! is acked into the new count, and sends every unconfirmed entry again on
+//! the new one.
 //!
 //! Waits are bounded by the drain deadline, so a broker that never acks
 //! cannot hold up shutdown: what is unconfirmed or unsent then is sent
@@ -243,17 +242,16 @@ impl Publisher {
     /// moves the cursor once the broker has acked every publish.
     fn confirm(&mut self) {
         let events = &self.connection.events;
-        let lost = events.sessions_lost.load(Relaxed);
-        if lost != self.sessions_lost_seen {
-            self.sessions_lost_seen = lost;
-            self.acked_base = events.acked.load(Relaxed);
-            self.requested = 0;
+        if events.sessions_lost.load(Relaxed) != self.sessions_lost_seen {
+            // What the client held across the reconnect went out on the
+            // new session too: a new connection starts the count afresh,
+            // and everything unconfirmed is sent again on it.
             tracing::warn!(
                 "events over MQTT: the broker lost the session; sending {} unconfirmed transition(s) again",
                 self.queue.in_flight()
             );
             self.resent.increment(self.queue.in_flight() as u64);
-            self.queue.unsend_all();
+            self.reconnect();
             return;
         }
         let acked = events.acked.load(Relaxed).saturating_sub(self.acked_base);

@@ -13,7 +13,7 @@
 //! | 410 Gone | the receiver is gone for good: the batch goes to the dead letter as `webhook_gone` |
 //! | 400, 422 | the receiver will never take this body: dead letter, `webhook_rejected` |
 //! | 413 | the batch is halved and sent again; one transition refused so is `webhook_rejected` |
-//! | anything else, a timeout, no connection | sent again after a jittered exponential backoff (100 ms to 10 s; a `Retry-After` in seconds is honoured up to 60 s) |
+//! | anything else (a 3xx too: redirects are not followed), a timeout, no connection | sent again after a jittered exponential backoff (100 ms to 10 s; a `Retry-After` in seconds is honoured up to 60 s) |
 //!
 //! A transition still not delivered past `max_age_s` goes to the dead letter
 //! as `webhook_expired` ([`super::output_queue`]): never dropped silently.
@@ -93,6 +93,9 @@ impl Webhook {
         let http = reqwest::Client::builder()
             .timeout(target.timeout)
             .connect_timeout(target.timeout)
+            // A redirected POST becomes a GET without the body, whose 2xx
+            // would count as delivered: a redirect is sent again instead.
+            .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("geogate/", env!("CARGO_PKG_VERSION")))
             .build()?;
         let room = Room::new(limits.max_pending);
@@ -209,7 +212,10 @@ impl Webhook {
             self.target.url
         );
         if !self.queue.reject_in_flight(why, detail).await {
+            // The dead letter cannot take them now: kept, and tried later.
             self.queue.unsend_all();
+            let wait = self.backoff.step();
+            self.pause(wait).await;
         }
     }
 

@@ -54,6 +54,10 @@ pub struct EventsWriter {
     /// `<path>.lock`, held for the writer's life: no second geogate
     /// writes the file.
     _lock: File,
+    /// Cursors of outputs that read their backlog back from these files
+    /// (the redis backend's MQTT and webhook): a rotated file holding a
+    /// seq past any of them is kept, whatever `rotate_keep` says.
+    read_back_by: Vec<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// How often, at most, the file is synced under `fsync = "flush"`: the
@@ -78,13 +82,21 @@ impl EventsWriter {
     ) -> io::Result<Self> {
         let first_seq = events_file::first_seq(path)?;
         let mut file = AppendFile::open(path)?;
+        // A regular file that cannot be synced may have lost what the last
+        // process wrote, and a later sync would not say so: refused. A
+        // device (a test's /dev/full) has nothing to sync.
         let synced_seq = match file.sync_data() {
             Ok(()) => last_seq,
+            Err(e) if std::fs::metadata(path).is_ok_and(|m| m.is_file()) => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "not synced at start ({e}): what the last run wrote cannot be trusted; fix the device and start again"
+                    ),
+                ));
+            }
             Err(e) => {
-                tracing::warn!(
-                    "events file {}: not synced at start ({e}); the state keeps every transition until it is",
-                    path.display()
-                );
+                tracing::warn!("events file {}: not synced at start ({e})", path.display());
                 0
             }
         };
@@ -102,7 +114,14 @@ impl EventsWriter {
             first_seq,
             started: Instant::now(),
             _lock: lock,
+            read_back_by: Vec::new(),
         })
+    }
+
+    /// Keeps rotated files holding seqs past `cursor` (an output that
+    /// reads its backlog back from the files at a restart).
+    pub fn keep_files_for(&mut self, cursor: Arc<std::sync::atomic::AtomicU64>) {
+        self.read_back_by.push(cursor);
     }
 
     pub fn path(&self) -> &Path {
@@ -136,6 +155,12 @@ impl EventsWriter {
     /// Syncs what was written, as [`Self::sync_if_due`] does once due.
     pub async fn sync_now(&mut self, drain: &mut Drain) -> bool {
         self.last_sync = Instant::now();
+        if self.must_rewrite {
+            // A plain sync now would be trusted for bytes a failure lost.
+            let first = io::Error::other("a sync or write failed before: written again first");
+            let health = self.health.clone();
+            return drain.retry(&*health, first, || self.write_and_sync()).await;
+        }
         let synced = match self.file.sync_handle() {
             Ok(handle) => tokio::task::spawn_blocking(move || handle.sync_data())
                 .await
@@ -216,7 +241,12 @@ impl EventsWriter {
             if always || w.must_rewrite {
                 w.write_and_sync()
             } else {
-                w.file.write_unwritten()
+                // A failed write reopens the file by path: what went
+                // through the old descriptor is written again, so no sync
+                // on the new one vouches for it.
+                w.file
+                    .write_unwritten()
+                    .inspect_err(|_| w.must_rewrite = true)
             }
         };
         if let Err(first) = attempt(self) {
@@ -352,8 +382,21 @@ impl EventsWriter {
                 return;
             }
         };
+        let needed_after = self
+            .read_back_by
+            .iter()
+            .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+            .min()
+            .unwrap_or(u64::MAX);
         let past = rotated.len().saturating_sub(keep);
         for old in &rotated[..past] {
+            if old.last > needed_after {
+                tracing::info!(
+                    "events file {} kept past events.rotate_keep: an output has not confirmed seqs after {needed_after}",
+                    old.path.display()
+                );
+                break;
+            }
             match std::fs::remove_file(&old.path) {
                 Ok(()) => tracing::info!(
                     "events file {} deleted (seqs {}..={}, past events.rotate_keep)",

@@ -9,9 +9,11 @@ whether the signature verified (HMAC-SHA256 of "<timestamp>.<body>" with
 SECRET, compared in constant time, the timestamp within 300 s), the ids and
 seqs of the transitions in the body, and the time. CONTROL is a JSON file
 read at each request:
-    {"status": 200, "delay_ms": 0, "fail_first": 0, "fail_status": 500}
+    {"status": 200, "delay_ms": 0, "fail_first": 0, "fail_status": 500,
+     "max_batch": 0}
 the first `fail_first` requests get `fail_status`, the rest `status`, each
-after `delay_ms`. A request whose signature does not verify gets 401.
+after `delay_ms`; a body of more than `max_batch` transitions (when set)
+gets 413. A request whose signature does not verify gets 401.
 """
 
 import hashlib
@@ -63,6 +65,8 @@ class Handler(BaseHTTPRequestHandler):
             transitions = []
         if not ok:
             status = 401
+        elif c.get("max_batch") and len(transitions) > c["max_batch"]:
+            status = 413
         elif n <= c.get("fail_first", 0):
             status = c.get("fail_status", 500)
         else:

@@ -270,8 +270,7 @@ impl<C: Clock> Router<C> {
             let record = DeadLetter::new(e.committed_ms, &topic, &reason, detail, &e.line);
             self.dead_letter.queue(&record);
         }
-        self.finish_refusals().await;
-        if !self.dead_letter.has_unflushed() {
+        if self.finish_refusals().await {
             metrics::counter!(DEAD_LETTER_WRITTEN_TOTAL, "reason" => reason)
                 .increment(expired.entries.len() as u64);
             let _ = expired.written.send(());
@@ -332,10 +331,11 @@ impl<C: Clock> Router<C> {
 
     /// Writes the queued dead-letter records in one go, then finishes
     /// their messages. A dead letter that cannot be written is retried
-    /// with backoff while those messages stay unacked.
-    async fn finish_refusals(&mut self) {
+    /// with backoff while those messages stay unacked. False if shutdown's
+    /// deadline came first (the records were not written).
+    async fn finish_refusals(&mut self) -> bool {
         if self.refused.is_empty() && !self.dead_letter.has_unflushed() {
-            return;
+            return true;
         }
         if let Err(first) = self.dead_letter.flush() {
             let health = self.dead_letter.health();
@@ -355,7 +355,7 @@ impl<C: Clock> Router<C> {
                         self.accounting.abandoned();
                     }
                 }
-                return;
+                return false;
             }
         }
         let mut refused = std::mem::take(&mut self.refused);
@@ -363,6 +363,7 @@ impl<C: Clock> Router<C> {
             self.finish_refused(r).await;
         }
         self.refused = refused;
+        true
     }
 
     async fn finish_refused(&mut self, refused: Refused) {

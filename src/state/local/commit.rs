@@ -24,8 +24,8 @@ use crate::state::metrics::{
     TRANSITION_LATENCY_SECONDS,
 };
 use crate::state::{Completion, Outcomes};
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
@@ -136,9 +136,12 @@ impl Committer {
         let healthy = metrics::gauge!(SINK_HEALTHY, "sink" => "state");
         let latency = metrics::histogram!(TRANSITION_LATENCY_SECONDS);
         healthy.set(1.0);
-        if let Some(after) = self.backlog_after.take() {
-            self.deliver_backlog(after);
-        }
+        // Batches that came while the backlog was delivered, in order.
+        let mut parked = VecDeque::new();
+        let backlog_delivered = match self.backlog_after.take() {
+            Some(after) => self.deliver_backlog(after, &mut requests, &mut parked),
+            None => true,
+        };
         size.set(self.store.size_bytes() as f64);
         let mut last_size_check = Instant::now();
         let mut waiting = Vec::with_capacity(MAX_BATCHES_PER_COMMIT);
@@ -146,7 +149,9 @@ impl Committer {
         // batch holds vehicle states that include the lost one's changes,
         // so committing it would record effects whose transitions were
         // never written. Everything after is left unacked instead.
-        let mut gave_up = false;
+        // So is a backlog not delivered by then: a later line in the file
+        // would hide it for good.
+        let mut gave_up = !backlog_delivered;
         // The memory store's commit costs nothing: no reason to wait.
         let spaced = self.store.durable();
         let mut previous_commit: Option<Instant> = None;
@@ -154,9 +159,9 @@ impl Committer {
         // window changes it with every fix, and a vector grown afresh for
         // each commit spent its time in page faults.
         let mut held = HeldBatch::default();
-        while let Some(first) = requests.blocking_recv() {
+        while let Some(first) = parked.pop_front().or_else(|| requests.blocking_recv()) {
             // A full commit's worth already waiting gathers nothing more.
-            if spaced && requests.len() + 1 < MAX_BATCHES_PER_COMMIT {
+            if spaced && parked.len() + requests.len() + 1 < MAX_BATCHES_PER_COMMIT {
                 let wait = spacing_wait(previous_commit, Instant::now());
                 if !wait.is_zero() {
                     std::thread::sleep(wait);
@@ -164,7 +169,11 @@ impl Committer {
             }
             waiting.push(first);
             while waiting.len() < MAX_BATCHES_PER_COMMIT {
-                match requests.try_recv() {
+                match parked
+                    .pop_front()
+                    .ok_or(())
+                    .or_else(|()| requests.try_recv())
+                {
                     Ok(more) => waiting.push(more),
                     Err(_) => break,
                 }
@@ -272,19 +281,42 @@ impl Committer {
     /// in the outputs' queues: a large outbox (an output down for a long
     /// time) is streamed, never held in memory whole. New batches wait
     /// meanwhile, as they would behind the outputs' full queues.
-    fn deliver_backlog(&mut self, mut after: u64) {
+    ///
+    /// The shards' batches are taken meanwhile and parked, in order, so
+    /// that nothing upstream waits on this thread: an output that gives
+    /// entries up writes them to the dead letter through the router, which
+    /// must not be stuck behind a full shard queue. (Parked batches hold
+    /// their messages unacked, so the broker's window bounds them.)
+    ///
+    /// False if the drain deadline came first: no later batch may then be
+    /// committed, or its lines would land past the undelivered ones.
+    fn deliver_backlog(
+        &mut self,
+        mut after: u64,
+        requests: &mut mpsc::Receiver<CommitRequest>,
+        parked: &mut VecDeque<CommitRequest>,
+    ) -> bool {
+        let mut backoff = crate::backoff::Backoff::new();
         loop {
             let page = match self.store.outbox_after(after, BACKLOG_PAGE) {
-                Ok(page) => page,
-                Err(e) => {
+                Ok(page) => {
+                    backoff.reset();
+                    page
+                }
+                Err(e) if self.drain.passed() => {
                     tracing::error!(
-                        "state: reading the outbox after seq {after}: {e}; what it holds is delivered at the next start"
+                        "state: reading the outbox after seq {after}: {e}; delivered at the next start"
                     );
-                    return;
+                    return false;
+                }
+                Err(e) => {
+                    tracing::warn!("state: reading the outbox after seq {after}: {e}; retrying");
+                    std::thread::sleep(backoff.step());
+                    continue;
                 }
             };
             let Some(last) = page.last().map(|e| e.seq) else {
-                return;
+                return true;
             };
             after = last;
             let (delivered, wait) = std::sync::mpsc::channel();
@@ -294,10 +326,21 @@ impl Committer {
                     let _ = delivered.send(());
                 }),
             });
-            // The relay gives up at the drain deadline, dropping the page
-            // (and with it the sender): the rest stays in the outbox.
-            if sent.is_err() || wait.recv().is_err() {
-                return;
+            if sent.is_err() {
+                return false;
+            }
+            loop {
+                match wait.recv_timeout(Duration::from_millis(10)) {
+                    Ok(()) => break,
+                    // The relay gave up at the drain deadline, dropping the
+                    // page: the rest stays in the outbox.
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return false,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                        while let Ok(request) = requests.try_recv() {
+                            parked.push_back(request);
+                        }
+                    }
+                }
             }
         }
     }

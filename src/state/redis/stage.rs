@@ -83,7 +83,7 @@ impl SharedStage {
         events_file::cut_torn(events, &tail).map_err(events_error)?;
         let recent = events_file::recent_ids(events, RECENT_LINES).map_err(events_error)?;
         let next_seq = tail.last_seq.unwrap_or(0) + 1;
-        let file = EventsWriter::open(
+        let mut file = EventsWriter::open(
             events,
             lock,
             config.fsync,
@@ -101,6 +101,14 @@ impl SharedStage {
             let cursor = OutputCursor::beside(events, output);
             let confirmed = cursor.load(next_seq - 1).map_err(StateError::Shared)?;
             let backlog = events_file::entries_after(events, confirmed).map_err(events_error)?;
+            let first = backlog.first().map_or(next_seq, |e| e.seq);
+            if first > confirmed + 1 {
+                tracing::error!(
+                    "{output}: seqs {}..={} are in none of the events files (moved or deleted by hand); they are not sent",
+                    confirmed + 1,
+                    first - 1
+                );
+            }
             if !backlog.is_empty() {
                 tracing::info!(
                     "{output}: {} transition(s) in {} after the last confirmed one; sending them again",
@@ -116,6 +124,7 @@ impl SharedStage {
         let mut keep = |cursor: OutputCursor, position: Arc<AtomicU64>, task, feed, backlog| {
             let (keeper_stop, keeper_stop_rx) = watch::channel(false);
             let confirmed = position.load(std::sync::atomic::Ordering::Relaxed);
+            file.keep_files_for(position.clone());
             let keeper = tokio::spawn(cursor.keep(confirmed, position, keeper_stop_rx));
             feeds.push((feed, backlog));
             senders.push((task, keeper, keeper_stop));
