@@ -782,8 +782,9 @@ fn a_failing_then_slow_webhook_receiver_gets_everything_by_retries() {
 /// Signed with the wrong secret, every request is refused by the receiver
 /// (its own check finds the signature wrong); past the maximum age the
 /// transitions go to the dead letter as `webhook_expired`, each with its
-/// line, and geofencing never stopped. A receiver that answers 410 has its
-/// batches dead-lettered at once as `webhook_gone`.
+/// line, and geofencing never stopped. A receiver that answers 410 (422)
+/// has its batches dead-lettered at once as `webhook_gone`
+/// (`webhook_rejected`).
 #[test]
 fn refused_webhooks_end_in_the_dead_letter_never_dropped() {
     let _serial = exclusive();
@@ -835,57 +836,39 @@ fn refused_webhooks_end_in_the_dead_letter_never_dropped() {
         ids(&events_of(dir.path()))
     );
 
-    receiver.answer(r#"{"status": 410}"#);
-    let dir = tempfile::tempdir().unwrap();
-    let mut geogate = with_webhook(
-        dir.path(),
-        broker.port,
-        "hook-gone",
-        &receiver.url(),
-        SECRET,
-        "",
-        None,
-    );
-    runtime.block_on(publish_all(
-        broker.port,
-        &crossing_fixes("g", 5, 0, 50),
-        None,
-    ));
-    geogate.wait_processed(50.0, 30);
-    wait_until(30, "every transition dead-lettered as gone", || {
-        let written = events_of(dir.path()).len();
-        written > 0 && dead_letter(dir.path(), "webhook_gone").len() == written
-    });
-    let (ok, stdout) = geogate.stop();
-    assert!(ok, "{stdout}");
-    assert_eq!(
-        ids(&dead_letter(dir.path(), "webhook_gone")),
-        ids(&events_of(dir.path()))
-    );
-
-    receiver.answer(r#"{"status": 422}"#);
-    let dir = tempfile::tempdir().unwrap();
-    let mut geogate = with_webhook(
-        dir.path(),
-        broker.port,
-        "hook-422",
-        &receiver.url(),
-        SECRET,
-        "",
-        None,
-    );
-    runtime.block_on(publish_all(
-        broker.port,
-        &crossing_fixes("u", 5, 0, 20),
-        None,
-    ));
-    geogate.wait_processed(20.0, 30);
-    wait_until(30, "every transition dead-lettered as rejected", || {
-        let written = events_of(dir.path()).len();
-        written > 0 && dead_letter(dir.path(), "webhook_rejected").len() == written
-    });
-    let (ok, stdout) = geogate.stop();
-    assert!(ok, "{stdout}");
+    for (status, reason, prefix) in [(410, "webhook_gone", "g"), (422, "webhook_rejected", "u")] {
+        receiver.answer(&format!(r#"{{"status": {status}}}"#));
+        let dir = tempfile::tempdir().unwrap();
+        let mut geogate = with_webhook(
+            dir.path(),
+            broker.port,
+            &format!("hook-{status}"),
+            &receiver.url(),
+            SECRET,
+            "",
+            None,
+        );
+        runtime.block_on(publish_all(
+            broker.port,
+            &crossing_fixes(prefix, 5, 0, 50),
+            None,
+        ));
+        geogate.wait_processed(50.0, 30);
+        wait_until(
+            30,
+            &format!("every transition dead-lettered as {reason}"),
+            || {
+                let written = events_of(dir.path()).len();
+                written > 0 && dead_letter(dir.path(), reason).len() == written
+            },
+        );
+        let (ok, stdout) = geogate.stop();
+        assert!(ok, "{stdout}");
+        assert_eq!(
+            ids(&dead_letter(dir.path(), reason)),
+            ids(&events_of(dir.path()))
+        );
+    }
 }
 
 /// A restart that finds a large outbox (200,000 transitions the events
