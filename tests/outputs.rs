@@ -449,12 +449,19 @@ fn a_dead_events_broker_holds_intake_within_bounds_and_loses_nothing() {
     // More than geogate takes unacked (mqtt.max_unacked, 1000): the rest
     // wait in the intake broker's queue, within its bound.
     runtime.block_on(publish_all(port, &crossing_fixes("d", 10, 100, 1500), None));
-    wait_until(30, "the MQTT queue full and intake held", || {
+    let mut seen = String::new();
+    let held = (0..600).any(|_| {
         let m = geogate.metrics();
-        geogate.series(MQTT_PENDING) >= 100.0
-            && m["geogate_mqtt_unacked"] >= 1.0
-            && geogate.series(MQTT_HEALTHY) == 0.0
+        let (pending, healthy) = (geogate.series(MQTT_PENDING), geogate.series(MQTT_HEALTHY));
+        let unacked = m.get("geogate_mqtt_unacked").copied().unwrap_or(0.0);
+        seen = format!("queued {pending}, unacked {unacked}, healthy {healthy}");
+        let held = pending >= 100.0 && unacked >= 1.0 && healthy == 0.0;
+        if !held {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        held
     });
+    assert!(held, "the MQTT queue never filled with intake held: {seen}");
     let to_bound = outage.elapsed() + Duration::from_secs(1);
     std::thread::sleep(Duration::from_secs(1));
     let rss_at_bound = rss_kib(geogate.pid());
