@@ -90,6 +90,9 @@ impl Webhook {
         done: std::sync::mpsc::Sender<()>,
         dead_letter: Option<DeadLetterQueue>,
     ) -> Result<(JoinHandle<()>, OutputFeed), reqwest::Error> {
+        // One TLS provider for the process (rumqttc's), which reqwest's
+        // client builder asks for; a second install is a no-op.
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
         let http = reqwest::Client::builder()
             .timeout(target.timeout)
             .connect_timeout(target.timeout)
