@@ -209,11 +209,6 @@ impl OutputQueue {
         self.in_flight
     }
 
-    /// Entries handed to the output and not confirmed, in order.
-    pub fn in_flight_entries(&self) -> impl Iterator<Item = &OutboxEntry> {
-        self.entries.iter().take(self.in_flight)
-    }
-
     /// The next entry not yet handed out.
     pub fn next_unsent(&self) -> Option<&OutboxEntry> {
         self.entries.get(self.in_flight)
