@@ -76,6 +76,30 @@ fn reference(port: u16, runtime: &tokio::runtime::Runtime) -> Multiset {
     want
 }
 
+/// What most tests here start with: their turn on the machine, a broker,
+/// a runtime, and the uninterrupted run to compare with.
+struct Run {
+    _serial: std::sync::MutexGuard<'static, ()>,
+    broker: support::Mosquitto,
+    runtime: tokio::runtime::Runtime,
+    want: Multiset,
+}
+
+impl Run {
+    fn start() -> Option<Self> {
+        let serial = exclusive();
+        let broker = support::Mosquitto::start()?;
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let want = reference(broker.port, &runtime);
+        Some(Self {
+            _serial: serial,
+            broker,
+            runtime,
+            want,
+        })
+    }
+}
+
 /// Waits until the file holds `n` lines, stops geogate (which drains),
 /// and compares the file with `want`.
 fn finish_same_as(geogate: &mut GeogateProcess, want: &Multiset, what: &str) {
@@ -111,15 +135,18 @@ fn lost_bytes(events: &Path) -> Vec<u64> {
 /// (the shim's record), and restarted.
 #[test]
 fn under_always_a_power_loss_at_any_point_loses_and_repeats_nothing() {
-    let _serial = exclusive();
-    let Some(broker) = support::Mosquitto::start() else {
-        return;
-    };
     let Some(shim) = support::sync_shim() else {
         return;
     };
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let want = reference(broker.port, &runtime);
+    let Some(Run {
+        _serial,
+        broker,
+        runtime,
+        want,
+    }) = Run::start()
+    else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let events = dir.path().join("events.ndjson");
     let mut geogate = start(
@@ -162,15 +189,18 @@ fn under_always_a_power_loss_at_any_point_loses_and_repeats_nothing() {
 /// as in the uninterrupted run, under both fsync policies.
 #[test]
 fn lines_a_failed_fsync_dropped_are_written_again() {
-    let _serial = exclusive();
-    let Some(broker) = support::Mosquitto::start() else {
-        return;
-    };
     let Some(shim) = support::sync_shim() else {
         return;
     };
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let want = reference(broker.port, &runtime);
+    let Some(Run {
+        _serial,
+        broker,
+        runtime,
+        want,
+    }) = Run::start()
+    else {
+        return;
+    };
     for policy in ["always", "flush"] {
         let dir = tempfile::tempdir().unwrap();
         let events = dir.path().join("events.ndjson");
@@ -1010,12 +1040,15 @@ fn rotating(bytes: u64, keep: usize) -> impl FnOnce(String) -> String {
 /// transitions are exactly those of the uninterrupted run.
 #[test]
 fn a_rotation_cut_short_at_any_step_loses_and_repeats_nothing() {
-    let _serial = exclusive();
-    let Some(broker) = support::Mosquitto::start() else {
+    let Some(Run {
+        _serial,
+        broker,
+        runtime,
+        want,
+    }) = Run::start()
+    else {
         return;
     };
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let want = reference(broker.port, &runtime);
     let dir = tempfile::tempdir().unwrap();
     let mut geogate = start(
         dir.path(),
@@ -1124,12 +1157,15 @@ fn assert_seqs_gap_free_from(lines: &[serde_json::Value]) {
 /// the two hold the uninterrupted run's transitions, each once.
 #[test]
 fn an_events_file_renamed_from_outside_is_followed() {
-    let _serial = exclusive();
-    let Some(broker) = support::Mosquitto::start() else {
+    let Some(Run {
+        _serial,
+        broker,
+        runtime,
+        want,
+    }) = Run::start()
+    else {
         return;
     };
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let want = reference(broker.port, &runtime);
     let dir = tempfile::tempdir().unwrap();
     let mut geogate = start(dir.path(), broker.port, "renamed", None, |c| c, None);
     let port = broker.port;
