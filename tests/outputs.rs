@@ -429,6 +429,18 @@ impl TwoBrokers {
     /// (with one, fixes are acked once held, and intake is held from the
     /// first one that arrives after the queue filled).
     fn geogate(&self, dir: &Path, id: &str, max_pending: usize, max_age_s: f64) -> GeogateProcess {
+        self.geogate_on(dir, id, max_pending, max_age_s, None)
+    }
+
+    /// [`TwoBrokers::geogate`], its state in Redis at `redis` if given.
+    fn geogate_on(
+        &self,
+        dir: &Path,
+        id: &str,
+        max_pending: usize,
+        max_age_s: f64,
+        redis: Option<&str>,
+    ) -> GeogateProcess {
         let events_port = self.events.port;
         let mut geogate = GeogateProcess::prepare(
             dir,
@@ -437,12 +449,18 @@ impl TwoBrokers {
                 ..setup(self.intake.port, id, "reorder_window_ms = 0")
             },
             |config| {
-                config.replace(
+                let config = config.replace(
                     "mqtt = true\n",
                     &format!(
                         "mqtt = true\nmqtt_port = {events_port}\nmax_pending = {max_pending}\nmqtt_max_age_s = {max_age_s}\n"
                     ),
-                )
+                );
+                match redis {
+                    Some(url) => {
+                        support::redis::with_shared_state(&config, &[url.to_owned()], 60.0)
+                    }
+                    None => config,
+                }
             },
         );
         geogate.restart();
@@ -913,10 +931,24 @@ fn refused_webhooks_end_in_the_dead_letter_never_dropped() {
 /// time instead of loading it whole: with the broker still down, resident
 /// memory stays far below the outbox's size while the queue sits full;
 /// once the broker is back, every one of them is published.
-#[test]
-fn a_large_outbox_is_streamed_at_a_restart_not_loaded_whole() {
-    const N: u64 = 200_000;
-    let _serial = exclusive();
+const BIG_BACKLOG: u64 = 200_000;
+
+/// A backlog line as the relay writes it, padded to a typical length.
+fn backlog_line(seq: u64) -> String {
+    format!(
+        r#"{{"id":"{seq:032x}","seq":{seq},"vehicle":"v{}","fence":"A","event":"enter","ts":{},"pad":"{}"}}"#,
+        seq % 100,
+        1_750_000_000_000u64 + seq,
+        "x".repeat(60)
+    )
+}
+
+/// geogate started with its events broker stopped and stopped again; then
+/// `backlog` (given the directory, its events file written) leaves
+/// [`BIG_BACKLOG`] transitions committed and unconfirmed by the broker, and
+/// at the restart resident memory stays far below the backlog's size while
+/// the MQTT queue is full. Once the broker is back every one arrives.
+fn a_big_backlog_is_streamed(redis: Option<&str>, backlog: impl FnOnce(&Path)) {
     let Some(mut brokers) = TwoBrokers::start() else {
         return;
     };
@@ -924,83 +956,95 @@ fn a_large_outbox_is_streamed_at_a_restart_not_loaded_whole() {
     let published = subscribe_kept(&runtime, brokers.events.port);
     brokers.events.stop();
     let dir = tempfile::tempdir().unwrap();
-    let mut geogate = brokers.geogate(dir.path(), "big-outbox", 1000, 3600.0);
+    let mut geogate = brokers.geogate_on(dir.path(), "big-outbox", 1000, 3600.0, redis);
     std::thread::sleep(Duration::from_secs(1));
     let baseline = rss_kib(geogate.pid());
     let (ok, stdout) = geogate.stop();
     assert!(ok, "{stdout}");
-    // Committed and in the events file, none confirmed by the broker.
-    let line = |seq: u64| {
-        format!(
-            r#"{{"id":"{seq:032x}","seq":{seq},"vehicle":"v{}","fence":"A","event":"enter","ts":{},"pad":"{}"}}"#,
-            seq % 100,
-            1_750_000_000_000u64 + seq,
-            "x".repeat(60)
-        )
-    };
     let mut file = String::new();
-    for seq in 1..=N {
-        file.push_str(&line(seq));
+    for seq in 1..=BIG_BACKLOG {
+        file.push_str(&backlog_line(seq));
         file.push('\n');
     }
     std::fs::write(dir.path().join("events.ndjson"), &file).unwrap();
-    let mut conn = rusqlite::Connection::open(dir.path().join("state.sqlite")).unwrap();
-    let tx = conn.transaction().unwrap();
-    let varint = |out: &mut Vec<u8>, mut v: u64| {
-        while v >= 0x80 {
-            out.push((v as u8) | 0x80);
-            v >>= 7;
-        }
-        out.push(v as u8);
-    };
-    for first in (1..=N).step_by(4096) {
-        let last = (first + 4095).min(N);
-        let mut row = Vec::new();
-        for seq in first..=last {
-            let vehicle = format!("v{}", seq % 100);
-            varint(&mut row, vehicle.len() as u64);
-            row.extend_from_slice(vehicle.as_bytes());
-            let text = line(seq);
-            varint(&mut row, text.len() as u64);
-            row.extend_from_slice(text.as_bytes());
-        }
-        tx.execute(
-            "INSERT INTO outbox_commit (last_seq, first_seq, entries, committed_ms) VALUES (?1, ?2, ?3, 0)",
-            rusqlite::params![last as i64, first as i64, row],
-        )
-        .unwrap();
-    }
-    tx.execute_batch(&format!(
-        "UPDATE meta SET value = {} WHERE key = 'next_seq';
-         UPDATE meta SET value = 0 WHERE key = 'mqtt_cursor';
-         UPDATE meta SET value = {N} WHERE key = 'file_cursor';",
-        N + 1
-    ))
-    .unwrap();
-    tx.commit().unwrap();
-    drop(conn);
+    backlog(dir.path());
 
     geogate.restart();
-    wait_until(60, "the MQTT queue full from the outbox", || {
+    wait_until(60, "the MQTT queue full from the backlog", || {
         geogate.series(MQTT_PENDING) >= 1000.0
     });
     std::thread::sleep(Duration::from_secs(1));
     let rss = rss_kib(geogate.pid());
-    let outbox_kib = file.len() as u64 / 1024;
-    eprintln!("resident {rss} KiB with an outbox of {outbox_kib} KiB, {baseline} KiB with none");
+    let backlog_kib = file.len() as u64 / 1024;
+    eprintln!("resident {rss} KiB with a backlog of {backlog_kib} KiB, {baseline} KiB with none");
     assert!(
-        rss < baseline + outbox_kib / 4,
-        "resident memory {rss} KiB ({baseline} KiB with no outbox) holds much of the outbox ({outbox_kib} KiB of lines)"
+        rss < baseline + backlog_kib / 4,
+        "resident memory {rss} KiB ({baseline} KiB with no backlog) holds much of the backlog ({backlog_kib} KiB of lines)"
     );
     brokers.events.start_again();
     wait_until(120, "every transition published", || {
-        published.lock().unwrap().len() as u64 >= N
+        published.lock().unwrap().len() as u64 >= BIG_BACKLOG
     });
     let (ok, stdout) = geogate.stop();
     assert!(ok, "{stdout}");
     let got = ids(&published.lock().unwrap());
-    assert_eq!(got.len() as u64, N, "each id arrived");
+    assert_eq!(got.len() as u64, BIG_BACKLOG, "each id arrived");
     assert_eq!(got, ids(&events_of(dir.path())));
+}
+
+#[test]
+fn a_large_outbox_is_streamed_at_a_restart_not_loaded_whole() {
+    let _serial = exclusive();
+    a_big_backlog_is_streamed(None, |dir| {
+        // Committed, in the events file, and none confirmed by the broker.
+        let mut conn = rusqlite::Connection::open(dir.join("state.sqlite")).unwrap();
+        let tx = conn.transaction().unwrap();
+        let varint = |out: &mut Vec<u8>, mut v: u64| {
+            while v >= 0x80 {
+                out.push((v as u8) | 0x80);
+                v >>= 7;
+            }
+            out.push(v as u8);
+        };
+        for first in (1..=BIG_BACKLOG).step_by(4096) {
+            let last = (first + 4095).min(BIG_BACKLOG);
+            let mut row = Vec::new();
+            for seq in first..=last {
+                let vehicle = format!("v{}", seq % 100);
+                varint(&mut row, vehicle.len() as u64);
+                row.extend_from_slice(vehicle.as_bytes());
+                let text = backlog_line(seq);
+                varint(&mut row, text.len() as u64);
+                row.extend_from_slice(text.as_bytes());
+            }
+            tx.execute(
+                "INSERT INTO outbox_commit (last_seq, first_seq, entries, committed_ms) VALUES (?1, ?2, ?3, 0)",
+                rusqlite::params![last as i64, first as i64, row],
+            )
+            .unwrap();
+        }
+        tx.execute_batch(&format!(
+            "UPDATE meta SET value = {} WHERE key = 'next_seq';
+             UPDATE meta SET value = 0 WHERE key = 'mqtt_cursor';
+             UPDATE meta SET value = {BIG_BACKLOG} WHERE key = 'file_cursor';",
+            BIG_BACKLOG + 1
+        ))
+        .unwrap();
+        tx.commit().unwrap();
+    });
+}
+
+/// With the redis backend the backlog is read back from the events file
+/// past the output's cursor, a page at a time.
+#[test]
+fn with_redis_a_large_backlog_is_streamed_from_the_events_file_not_loaded_whole() {
+    let _serial = exclusive();
+    let Some(redis) = support::redis::Redis::start() else {
+        return;
+    };
+    a_big_backlog_is_streamed(Some(&redis.url()), |dir| {
+        std::fs::write(dir.join("events.ndjson.mqtt-cursor"), "0").unwrap();
+    });
 }
 
 /// Every line of the events file and the files rotated away from it, in

@@ -212,47 +212,6 @@ pub fn recent_ids(path: &Path, n: usize) -> io::Result<std::collections::HashSet
     Ok(ids)
 }
 
-/// The lines after seq `after`, oldest first, as outbox entries: what a
-/// publisher that had confirmed up to `after` still has to send. Read from
-/// the end back to the first line at or before `after`, so the cost is what
-/// is left to send.
-pub fn entries_after(path: &Path, after: u64) -> io::Result<Vec<super::outbox::OutboxEntry>> {
-    #[derive(serde::Deserialize)]
-    struct Head<'a> {
-        seq: u64,
-        #[serde(borrow)]
-        vehicle: std::borrow::Cow<'a, str>,
-    }
-    let mut entries = Vec::new();
-    let mut reached = false;
-    for file in newest_first(path)? {
-        each_complete_line_backwards(&file, usize::MAX, |line| {
-            // A line without a seq (appended by someone else) is skipped.
-            match serde_json::from_slice::<Head>(line) {
-                Ok(head) if head.seq <= after => {
-                    reached = true;
-                    false
-                }
-                Ok(head) => {
-                    entries.push(super::outbox::OutboxEntry {
-                        seq: head.seq,
-                        vehicle: head.vehicle.as_ref().into(),
-                        line: line.to_vec(),
-                        committed_ms: 0,
-                    });
-                    true
-                }
-                Err(_) => true,
-            }
-        })?;
-        if reached {
-            break;
-        }
-    }
-    entries.reverse();
-    Ok(entries)
-}
-
 /// Cuts off the torn last line [`read`] found. Only the process holding
 /// the state file's lock may call it: the file is that process's.
 pub fn cut_torn(path: &Path, tail: &Tail) -> io::Result<()> {
@@ -288,7 +247,7 @@ fn each_complete_line_backwards(
 /// ending at the newline at offset `end`, until `visit` returns false.
 /// Reads backwards in chunks, each byte once (a line longer than a chunk
 /// is put together across chunks).
-fn each_line_backwards(
+pub(super) fn each_line_backwards(
     file: &mut File,
     end: u64,
     n: usize,
@@ -374,45 +333,6 @@ mod tests {
             last_three,
             [lines[399].clone(), lines[398].clone(), lines[397].clone()]
         );
-    }
-
-    #[test]
-    fn entries_after_a_seq_come_oldest_first_skipping_lines_without_one() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("events.ndjson");
-        assert!(entries_after(&path, 0).unwrap().is_empty(), "no file");
-        let line = |seq: u64| {
-            format!(
-                r#"{{"id":"i{seq}","seq":{seq},"vehicle":"v{seq}","fence":"A","event":"enter","ts":1}}"#
-            )
-        };
-        let content = format!(
-            "{}\n{}\nnot json\n{}\n{}\n",
-            line(1),
-            line(2),
-            line(3),
-            line(4)
-        );
-        std::fs::write(&path, content).unwrap();
-        let after = |seq| -> Vec<(u64, String, String)> {
-            entries_after(&path, seq)
-                .unwrap()
-                .into_iter()
-                .map(|e| {
-                    (
-                        e.seq,
-                        e.vehicle.to_string(),
-                        String::from_utf8(e.line).unwrap(),
-                    )
-                })
-                .collect()
-        };
-        assert_eq!(
-            after(2),
-            [(3, "v3".into(), line(3)), (4, "v4".into(), line(4))]
-        );
-        assert_eq!(after(0).len(), 4);
-        assert!(after(4).is_empty());
     }
 
     fn tail_of(content: &[u8]) -> (Tail, Vec<u8>) {

@@ -20,6 +20,7 @@
 //!   then the publisher.
 
 pub mod config;
+pub mod events_backlog;
 pub mod events_file;
 pub mod metrics;
 pub mod outbox;

@@ -23,6 +23,7 @@ use super::SharedKeys;
 use super::fence_sets::FenceSets;
 use crate::backoff::Backoff;
 use crate::crash_point;
+use crate::delivery::events_backlog::Backlog as FileBacklog;
 use crate::delivery::outbox::{OutboxEntry, transition_id};
 use crate::delivery::output_queue::OutputFeed;
 use crate::delivery::writer::EventsWriter;
@@ -51,6 +52,9 @@ pub const RECENT_LINES: usize = 8192;
 const IDLE_POLL: Duration = Duration::from_millis(20);
 /// How often abandoned entries are looked for and streams trimmed.
 const HOUSEKEEPING: Duration = Duration::from_secs(2);
+/// Lines of an output's backlog read at a time at start: memory stays
+/// bounded however far behind it is.
+const BACKLOG_PAGE: usize = 4096;
 
 pub struct OutboxConsumer {
     pub link: RedisLink,
@@ -74,9 +78,9 @@ pub struct OutboxConsumer {
     /// Registers this instance's fence set each housekeeping pass.
     pub fence_sets: FenceSets,
     /// Each output after the file (MQTT, the webhook): its queue's feed,
-    /// and what the events file holds that it has not confirmed (handed
-    /// over first).
-    pub outputs: Vec<(OutputFeed, Vec<OutboxEntry>)>,
+    /// and what the events files hold that it has not confirmed (handed
+    /// over first, a page at a time).
+    pub outputs: Vec<(OutputFeed, Option<FileBacklog>)>,
 }
 
 impl OutboxConsumer {
@@ -92,8 +96,9 @@ impl OutboxConsumer {
 
     async fn deliver_until(&mut self, mut stop: watch::Receiver<bool>, mut drain: Drain) {
         for i in 0..self.outputs.len() {
-            let backlog = std::mem::take(&mut self.outputs[i].1);
-            if !self.hand_over(i, backlog, &mut drain).await {
+            if let Some(backlog) = self.outputs[i].1.take()
+                && !self.hand_over_backlog(i, backlog, &mut drain).await
+            {
                 return;
             }
         }
@@ -312,6 +317,55 @@ impl OutboxConsumer {
             }
         }
         true
+    }
+
+    /// Hands an output what the events files hold past its cursor, a
+    /// page at a time, read off the runtime's threads; a failing read is
+    /// retried until the drain deadline (false), when the output's cursor
+    /// brings the rest back at the next start.
+    async fn hand_over_backlog(
+        &mut self,
+        output: usize,
+        mut backlog: FileBacklog,
+        drain: &mut Drain,
+    ) -> bool {
+        let mut backoff = Backoff::new();
+        loop {
+            let read = tokio::task::spawn_blocking(move || {
+                let page = backlog.next_page(BACKLOG_PAGE);
+                (backlog, page)
+            })
+            .await;
+            let page = match read {
+                Ok((rest, Ok(page))) => {
+                    backlog = rest;
+                    backoff.reset();
+                    page
+                }
+                Ok((rest, Err(e))) => {
+                    backlog = rest;
+                    tracing::warn!(
+                        "events file {}: reading an output's backlog: {e}; retrying",
+                        path_of(&self.file)
+                    );
+                    if drain.passed() {
+                        return false;
+                    }
+                    tokio::time::sleep(backoff.step()).await;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!("reading an output's backlog: {e}");
+                    return false;
+                }
+            };
+            if page.is_empty() {
+                return true;
+            }
+            if !self.hand_over(output, page, drain).await {
+                return false;
+            }
+        }
     }
 
     async fn hand_over(

@@ -8,6 +8,7 @@ use super::fence_sets::FenceSets;
 use super::output_cursor::OutputCursor;
 use super::{SharedRules, SharedStateError};
 use crate::delivery::Outputs;
+use crate::delivery::events_backlog::Backlog;
 use crate::delivery::events_file;
 use crate::delivery::publisher::Publisher;
 use crate::delivery::webhook::Webhook;
@@ -100,23 +101,23 @@ impl SharedStage {
         let follow = |output: &'static str| -> Result<_, StateError> {
             let cursor = OutputCursor::beside(events, output);
             let confirmed = cursor.load(next_seq - 1).map_err(StateError::Shared)?;
-            let backlog = events_file::entries_after(events, confirmed).map_err(events_error)?;
-            let first = backlog.first().map_or(next_seq, |e| e.seq);
-            if first > confirmed + 1 {
+            let until = next_seq - 1;
+            let mut backlog = Backlog::open(events, confirmed, until).map_err(events_error)?;
+            let first = backlog.first_seq().map_err(events_error)?;
+            if first.unwrap_or(next_seq) > confirmed + 1 {
                 tracing::error!(
                     "{output}: seqs {}..={} are in none of the events files (moved or deleted by hand); they are not sent",
                     confirmed + 1,
-                    first - 1
+                    first.unwrap_or(next_seq) - 1
                 );
             }
-            if !backlog.is_empty() {
+            if let Some(first) = first {
                 tracing::info!(
-                    "{output}: {} transition(s) in {} after the last confirmed one; sending them again",
-                    backlog.len(),
+                    "{output}: seqs {first}..={until} in {} (and the files rotated from it) after the last confirmed one; sending them again",
                     events.display()
                 );
             }
-            Ok((cursor, Arc::new(AtomicU64::new(confirmed)), backlog))
+            Ok((cursor, Arc::new(AtomicU64::new(confirmed)), Some(backlog)))
         };
         // Nothing waits for the outputs' `done`: the stage awaits their
         // tasks instead.
