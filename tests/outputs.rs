@@ -502,7 +502,11 @@ fn a_dead_events_broker_holds_intake_within_bounds_and_loses_nothing() {
         let m = geogate.metrics();
         let (pending, healthy) = (geogate.series(MQTT_PENDING), geogate.series(MQTT_HEALTHY));
         let unacked = m.get("geogate_mqtt_unacked").copied().unwrap_or(0.0);
-        seen = format!("queued {pending}, unacked {unacked}, healthy {healthy}");
+        let received = m.get("geogate_events_received_total").copied();
+        let acked = m.get("geogate_mqtt_acks_total").copied();
+        seen = format!(
+            "queued {pending}, unacked {unacked}, healthy {healthy}, received {received:?} and acked {acked:?} of 1600 fixes"
+        );
         let held = pending >= 100.0 && unacked >= 1.0 && healthy == 0.0;
         if !held {
             std::thread::sleep(Duration::from_millis(100));
@@ -970,17 +974,24 @@ fn a_big_backlog_is_streamed(redis: Option<&str>, backlog: impl FnOnce(&Path)) {
     backlog(dir.path());
 
     geogate.restart();
+    let backlog_kib = file.len() as u64 / 1024;
+    let assert_bounded = |when: &str| {
+        let rss = rss_kib(geogate.pid());
+        eprintln!(
+            "{when}: resident {rss} KiB with a backlog of {backlog_kib} KiB, {baseline} KiB with none"
+        );
+        assert!(
+            rss < baseline + backlog_kib / 4,
+            "{when}: resident memory {rss} KiB ({baseline} KiB with no backlog) holds much of the backlog ({backlog_kib} KiB of lines)"
+        );
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    assert_bounded("started");
     wait_until(60, "the MQTT queue full from the backlog", || {
         geogate.series(MQTT_PENDING) >= 1000.0
     });
     std::thread::sleep(Duration::from_secs(1));
-    let rss = rss_kib(geogate.pid());
-    let backlog_kib = file.len() as u64 / 1024;
-    eprintln!("resident {rss} KiB with a backlog of {backlog_kib} KiB, {baseline} KiB with none");
-    assert!(
-        rss < baseline + backlog_kib / 4,
-        "resident memory {rss} KiB ({baseline} KiB with no backlog) holds much of the backlog ({backlog_kib} KiB of lines)"
-    );
+    assert_bounded("the queue full");
     brokers.events.start_again();
     wait_until(120, "every transition published", || {
         published.lock().unwrap().len() as u64 >= BIG_BACKLOG
