@@ -25,29 +25,37 @@ struct Head<'a> {
 }
 
 pub struct Backlog {
-    /// Files still to open after the current one, oldest first.
+    /// Files not entered yet, oldest first.
     files: VecDeque<PathBuf>,
-    /// The file being read, and its last change: the commit time its lines
-    /// are given (see [`Backlog::open`]).
-    current: Option<(BufReader<File>, i64)>,
-    /// Lines at or before this seq were confirmed already.
+    /// The file being read.
+    current: Option<Reading>,
+    /// The last seq read: lines at or before it are skipped.
     after: u64,
     /// Lines past this seq are not the backlog's: the file's writer hands
     /// them over itself.
     until: u64,
-    /// The first entry, read ahead by [`Backlog::first_seq`].
-    peeked: Option<OutboxEntry>,
+    /// Entries read and not yet handed out: a failed read keeps them.
+    ready: VecDeque<OutboxEntry>,
+}
+
+/// A file and the offset of its next unread line. The reader is dropped
+/// on a failed read and the file opened again at `offset`, so a failure
+/// costs neither a line nor its place.
+struct Reading {
+    path: PathBuf,
+    offset: u64,
+    reader: Option<(BufReader<File>, i64)>,
 }
 
 impl Backlog {
     /// The lines with a seq in `after + 1..=until` in `path` and the files
-    /// rotated away from it, oldest first. Lines without a seq (someone
-    /// else's) are skipped.
+    /// rotated away from it: the rotated ones first, oldest first, then the
+    /// current one. Lines without a seq (someone else's) are skipped.
     ///
     /// A line's commit time is not on it, so each is given its file's last
-    /// modification: never earlier than the true one, so a maximum age
-    /// counts from no later than the file's last write, and an entry is
-    /// never expired early.
+    /// modification, which comes at or after every line's commit (to the
+    /// file system's timestamp granularity): an entry's maximum age may run
+    /// out late, not early.
     pub fn open(path: &Path, after: u64, until: u64) -> io::Result<Self> {
         let mut files: VecDeque<PathBuf> = rotated_files(path)?
             .into_iter()
@@ -55,50 +63,81 @@ impl Backlog {
             .map(|r| r.path)
             .collect();
         files.push_back(path.to_owned());
-        let mut backlog = Self {
+        // The first file is entered where its lines pass `after`.
+        let current = match files.pop_front() {
+            Some(first) => Some(Reading {
+                offset: start_after(&first, after)?,
+                path: first,
+                reader: None,
+            }),
+            None => None,
+        };
+        Ok(Self {
             files,
-            current: None,
+            current,
             after,
             until,
-            peeked: None,
-        };
-        // The first file is entered where its lines pass `after`.
-        if let Some(first) = backlog.files.pop_front() {
-            backlog.current = enter(&first, after)?;
-        }
-        Ok(backlog)
+            ready: VecDeque::new(),
+        })
     }
 
     /// The seq the backlog starts at, if it has any entry: above the
     /// confirmed seq + 1 when lines were moved or deleted by hand.
     pub fn first_seq(&mut self) -> io::Result<Option<u64>> {
-        if self.peeked.is_none() {
-            self.peeked = self.next_page(1)?.pop();
-        }
-        Ok(self.peeked.as_ref().map(|e| e.seq))
+        self.fill(1)?;
+        Ok(self.ready.front().map(|e| e.seq))
     }
 
     /// Up to `max` entries, oldest first; empty once the backlog is done.
+    /// After an error the next call goes on where this one failed.
     pub fn next_page(&mut self, max: usize) -> io::Result<Vec<OutboxEntry>> {
-        let mut page: Vec<OutboxEntry> = self.peeked.take().into_iter().collect();
+        self.fill(max)?;
+        let n = max.min(self.ready.len());
+        Ok(self.ready.drain(..n).collect())
+    }
+
+    /// Reads until `max` entries are ready or the backlog is done.
+    fn fill(&mut self, max: usize) -> io::Result<()> {
         let mut line = Vec::new();
-        while page.len() < max {
-            let Some((reader, modified_ms)) = self.current.as_mut() else {
+        while self.ready.len() < max {
+            let Some(reading) = self.current.as_mut() else {
                 match self.files.pop_front() {
-                    Some(next) => {
-                        self.current = enter(&next, 0)?;
+                    Some(path) => {
+                        self.current = Some(Reading {
+                            path,
+                            offset: 0,
+                            reader: None,
+                        });
                         continue;
                     }
-                    None => break,
+                    None => return Ok(()),
                 }
             };
+            let (reader, modified_ms) = match &mut reading.reader {
+                Some(open) => open,
+                None => match reopen(&reading.path, reading.offset)? {
+                    Some(open) => reading.reader.insert(open),
+                    // Gone (a rotated file deleted by hand): the next one.
+                    None => {
+                        self.current = None;
+                        continue;
+                    }
+                },
+            };
             line.clear();
-            let read = reader.read_until(b'\n', &mut line)?;
+            let read = match reader.read_until(b'\n', &mut line) {
+                Ok(read) => read,
+                Err(e) => {
+                    reading.reader = None;
+                    return Err(e);
+                }
+            };
             if read == 0 || line.last() != Some(&b'\n') {
                 // The file's end (a torn line is not a line).
                 self.current = None;
                 continue;
             }
+            reading.offset += read as u64;
             line.pop();
             let Ok(head) = serde_json::from_slice::<Head>(&line) else {
                 continue;
@@ -109,57 +148,58 @@ impl Backlog {
             if head.seq > self.until {
                 self.current = None;
                 self.files.clear();
-                break;
+                return Ok(());
             }
-            page.push(
-                OutboxEntry {
-                    seq: head.seq,
-                    vehicle: head.vehicle.as_ref().into(),
-                    line: line.clone(),
-                    committed_ms: 0,
-                }
-                .committed_at(*modified_ms),
-            );
+            self.after = head.seq;
+            let entry = OutboxEntry {
+                seq: head.seq,
+                vehicle: head.vehicle.as_ref().into(),
+                line: line.clone(),
+                committed_ms: 0,
+            };
+            self.ready.push_back(entry.committed_at(*modified_ms));
         }
-        if let Some(last) = page.last() {
-            self.after = last.seq;
-        }
-        Ok(page)
+        Ok(())
     }
 }
 
-/// Opens `path` at the first line past seq `after` (a missing file is an
-/// empty one), with its last modification in ms.
-fn enter(path: &Path, after: u64) -> io::Result<Option<(BufReader<File>, i64)>> {
+/// `path` opened at `offset`, with its last modification in ms; `None`
+/// if it does not exist.
+fn reopen(path: &Path, offset: u64) -> io::Result<Option<(BufReader<File>, i64)>> {
     let mut file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
-    let meta = file.metadata()?;
-    let modified_ms = meta
+    let modified_ms = file
+        .metadata()?
         .modified()?
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    let start = match last_newline(&mut file, meta.len(), u64::MAX)? {
-        Some(newline) => start_after(&mut file, newline, after)?,
-        None => 0,
-    };
-    file.seek(SeekFrom::Start(start))?;
+    file.seek(SeekFrom::Start(offset))?;
     Ok(Some((
         BufReader::with_capacity(64 * 1024, file),
         modified_ms,
     )))
 }
 
-/// The offset just past the last line at or before seq `after`, its
-/// complete lines ending at the newline at `newline` (0 when every line is
-/// past it). Read from the end back: each line is visited once, the last
-/// first, and with its newline takes `len + 1` bytes.
-fn start_after(file: &mut File, newline: u64, after: u64) -> io::Result<u64> {
+/// The offset in `path` just past the last line at or before seq `after`
+/// (0 when every line is past it, or the file is missing). Read from the
+/// end back: each complete line is visited once, the last first, and with
+/// its newline takes `len + 1` bytes.
+fn start_after(path: &Path, after: u64) -> io::Result<u64> {
+    let mut file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let len = file.metadata()?.len();
+    let Some(newline) = last_newline(&mut file, len, u64::MAX)? else {
+        return Ok(0);
+    };
     let mut past = 0;
     each_line_backwards(
-        file,
+        &mut file,
         newline,
         usize::MAX,
         |line| match serde_json::from_slice::<Head>(line) {
@@ -264,6 +304,32 @@ mod tests {
         std::fs::remove_file(rotated_path(&path, 101, 200)).unwrap();
         let mut backlog = Backlog::open(&path, 120, 230).unwrap();
         assert_eq!(backlog.first_seq().unwrap(), Some(201));
+    }
+
+    #[test]
+    fn a_failed_read_loses_no_entry_and_the_next_page_goes_on_from_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.ndjson");
+        let lines = |seqs: std::ops::RangeInclusive<u64>| -> String {
+            seqs.map(|s| line(s) + "\n").collect()
+        };
+        std::fs::write(rotated_path(&path, 1, 10), lines(1..=10)).unwrap();
+        // A directory opens, and reading it fails (EISDIR).
+        let middle = rotated_path(&path, 11, 20);
+        std::fs::create_dir(&middle).unwrap();
+        std::fs::write(&path, lines(21..=25)).unwrap();
+        let mut backlog = Backlog::open(&path, 3, 25).unwrap();
+        assert!(backlog.next_page(100).is_err());
+        assert!(backlog.next_page(100).is_err(), "still failing");
+        std::fs::remove_dir(&middle).unwrap();
+        std::fs::write(&middle, lines(11..=20)).unwrap();
+        let seqs: Vec<u64> = backlog
+            .next_page(100)
+            .unwrap()
+            .iter()
+            .map(|e| e.seq)
+            .collect();
+        assert_eq!(seqs, (4..=25).collect::<Vec<_>>());
     }
 
     #[test]
