@@ -563,7 +563,7 @@ fn an_events_file_cut_behind_what_was_pruned_is_refused_not_a_silent_gap() {
     let (status, log) = geogate.wait_refused();
     assert!(!status.success(), "{log}");
     let said = format!(
-        "events file {} ends at seq {kept_seq}, but the state already let go of transitions {}..=",
+        "events file {} ends at seq {kept_seq}, but transitions {}..=",
         path.display(),
         kept_seq + 1
     );

@@ -1245,6 +1245,43 @@ fn an_events_file_renamed_from_outside_is_followed() {
     assert!(got == want, "{}", diff(&got, &want));
 }
 
+/// The events file moved away from outside while geogate is down, its
+/// lines still in the outbox for an MQTT broker that is down too: the
+/// restart is refused, naming the file and the seqs synced to it, rather
+/// than writing a second copy of them beside the moved file.
+#[test]
+fn an_events_file_moved_away_while_geogate_is_down_is_refused_not_copied() {
+    let _serial = exclusive();
+    let Some(mut brokers) = TwoBrokers::start() else {
+        return;
+    };
+    brokers.events.stop();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut geogate = brokers.geogate(dir.path(), "moved-while-down", 1000, 3600.0);
+    let port = brokers.intake.port;
+    runtime.block_on(publish_all(port, &crossing_fixes("m", 5, 0, 30), None));
+    geogate.wait_processed(30.0, 30);
+    // Synced (about once a second), and the sync recorded by a commit.
+    std::thread::sleep(Duration::from_secs(2));
+    runtime.block_on(publish_all(port, &crossing_fixes("m", 5, 30, 10), None));
+    geogate.wait_processed(40.0, 30);
+    geogate.kill();
+    let path = dir.path().join("events.ndjson");
+    let written = events_of(dir.path());
+    assert!(!written.is_empty());
+    std::fs::rename(&path, dir.path().join("events.ndjson.moved")).unwrap();
+    geogate.restart_refused();
+    let (status, log) = geogate.wait_refused();
+    assert!(!status.success(), "{log}");
+    let said = format!(
+        "events file {} ends at seq 0, but transitions 1..=",
+        path.display()
+    );
+    assert!(log.contains(&said), "{log}");
+    assert!(events_of(dir.path()).is_empty(), "nothing copied again");
+}
+
 /// The events file cut short by another process (`copytruncate`): lines
 /// written since the copy would be lost, so geogate writes nothing more
 /// and says so (the sink unhealthy, acks held, the log naming it) instead

@@ -32,7 +32,7 @@ pub enum EmbeddedError {
         file_seq: u64,
     },
     #[error(
-        "events file {path} ends at seq {file_seq}, but the state already let go of transitions {first}..={last}, which were in it: the file was truncated, replaced or restored from an older copy. Restore the file, or its copy downstream, and start again; to go on without those transitions, start once with --accept-events-gap"
+        "events file {path} ends at seq {file_seq}, but transitions {first}..={last} were in it, synced: the file was moved, truncated, replaced or restored from an older copy. Put it back (or restore it from its copy downstream) and start again; to go on without it, start once with --accept-events-gap (what the outbox still holds of those transitions is written again)"
     )]
     EventsGap {
         path: PathBuf,

@@ -95,22 +95,22 @@ pub fn open(config: &StateConfig, events: Option<&Path>) -> Result<Opened, State
         }));
     }
     let file_seq = tail.last_seq.unwrap_or(0);
-    // Every transition the outbox no longer holds was in the events file
-    // when it was pruned: one that is not there now was lost with the
-    // file's unsynced tail (a power loss or host reset under fsync =
-    // "flush"), or with the file itself. Going on would leave a silent gap.
-    let kept_from = recovered.outbox_first.unwrap_or(recovered.next_seq);
-    let pruned_through = recovered.file_cursor.min(kept_from.saturating_sub(1));
+    // Every transition up to the recorded cursor was synced to the events
+    // file: one that is not there now was taken from outside (the file
+    // moved, truncated or replaced). Only lines past it may be lost to a
+    // power loss, and the outbox still holds those. Writing the missing
+    // ones again from the outbox would copy what the moved file holds;
+    // going on without them would leave a silent gap: refused either way.
     if let Some(events) = events
         && recovered.file_cursor != NO_FILE_CURSOR
         && !recovered.created
-        && pruned_through > file_seq
+        && recovered.file_cursor > file_seq
     {
         let gap = EmbeddedError::EventsGap {
             path: events.to_owned(),
             file_seq,
             first: file_seq + 1,
-            last: pruned_through,
+            last: recovered.file_cursor,
         };
         if !config.accept_events_gap {
             return Err(StateError::from(gap));
