@@ -21,6 +21,9 @@
 //!   * [`embedded`]: one SQLite file (`[state] backend = "embedded"`);
 //! * [`redis`]: the memberships in Redis, shared by every instance; the
 //!   rules run server-side, and each instance delivers from its streams.
+//! * [`partitioned`]: scale-out on ordered partitions, one owner each,
+//!   committing to a log in NATS JetStream (decision 0025); its commit log
+//!   so far.
 //!
 //! [`backends::open`] is the one place that knows every backend.
 
@@ -31,6 +34,7 @@ mod error;
 pub mod local;
 pub mod memory;
 pub mod metrics;
+pub mod partitioned;
 pub mod redis;
 
 pub use config::{EmbeddedConfig, RedisConfig, StateBackend, StateConfig};

@@ -7,6 +7,7 @@ pub mod browser;
 pub mod example;
 pub mod fleet;
 pub mod geogate;
+pub mod nats;
 pub mod proxy;
 pub mod redis;
 pub mod webhook;

@@ -1,0 +1,136 @@
+//! A partition's commit log (decision 0025) against a real nats-server:
+//! a deposed owner cannot commit, concurrent takeovers leave one owner,
+//! and the log outlives the server.
+
+mod support;
+
+use async_nats::jetstream;
+use bytes::Bytes;
+use geogate::state::partitioned::commit_log::{CommitLog, CommitLogError, read_after};
+use support::nats::Nats;
+
+async fn connect(nats: &Nats) -> jetstream::Context {
+    jetstream::new(async_nats::connect(nats.url()).await.expect("connect"))
+}
+
+fn bodies(commits: &[geogate::state::partitioned::commit_log::Commit]) -> Vec<&[u8]> {
+    commits.iter().map(|c| c.body.as_ref()).collect()
+}
+
+/// An owner paused past its lease and resumed after another took the
+/// partition over: its next commit is refused, and the log holds only what
+/// each owner committed while it owned the partition, in order.
+#[test]
+fn a_deposed_owner_cannot_commit_after_a_takeover() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let js = connect(&nats).await;
+        let mut a = CommitLog::take_over(&js, 3, Bytes::from_static(b"a takes over"))
+            .await
+            .unwrap();
+        a.append(Bytes::from_static(b"a1")).await.unwrap();
+        a.append(Bytes::from_static(b"a2")).await.unwrap();
+        let mut b = CommitLog::take_over(&js, 3, Bytes::from_static(b"b takes over"))
+            .await
+            .unwrap();
+        let refused = a.append(Bytes::from_static(b"a3")).await;
+        assert!(
+            matches!(refused, Err(CommitLogError::Deposed { partition: 3, .. })),
+            "{refused:?}"
+        );
+        b.append(Bytes::from_static(b"b1")).await.unwrap();
+        let log = read_after(&js, 3, 0).await.unwrap();
+        assert_eq!(
+            bodies(&log),
+            [&b"a takes over"[..], b"a1", b"a2", b"b takes over", b"b1"]
+        );
+        assert!(log.windows(2).all(|w| w[0].seq < w[1].seq));
+        assert_eq!(log.last().map(|c| c.seq), Some(b.last()));
+        assert_eq!(
+            bodies(&read_after(&js, 3, log[2].seq).await.unwrap()).len(),
+            2
+        );
+        assert!(
+            read_after(&js, 4, 0).await.unwrap().is_empty(),
+            "another partition's log"
+        );
+    });
+}
+
+/// Owners taking a partition over at the same time: however their reads
+/// and writes interleave, afterwards exactly one of them can commit.
+#[test]
+fn of_owners_taking_over_at_once_exactly_one_can_commit() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let js = connect(&nats).await;
+        for round in 0..10u32 {
+            let contenders = (0..5).map(|i| {
+                let js = js.clone();
+                tokio::spawn(async move {
+                    CommitLog::take_over(&js, 0, Bytes::from(format!("{round}: {i} takes over")))
+                        .await
+                })
+            });
+            let mut owners = Vec::new();
+            for contender in contenders {
+                match contender.await.unwrap() {
+                    Ok(log) => owners.push(log),
+                    Err(CommitLogError::Deposed { .. }) => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            assert!(!owners.is_empty(), "round {round}: somebody took over");
+            let mut committed = 0;
+            for owner in &mut owners {
+                match owner.append(Bytes::from(format!("{round}: commit"))).await {
+                    Ok(_) => committed += 1,
+                    Err(CommitLogError::Deposed { .. }) => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            assert_eq!(committed, 1, "round {round}: {} took over", owners.len());
+        }
+    });
+}
+
+/// The server SIGKILLed and started again: every commit it acknowledged is
+/// in the log, and the owner commits on after it once it reconnects.
+#[test]
+fn the_log_outlives_a_killed_server() {
+    let Some(mut nats) = Nats::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let js = connect(&nats).await;
+        let mut owner = CommitLog::take_over(&js, 1, Bytes::from_static(b"takes over"))
+            .await
+            .unwrap();
+        for i in 0..100 {
+            owner.append(Bytes::from(format!("c{i}"))).await.unwrap();
+        }
+        nats.stop();
+        nats.start_again();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let after = loop {
+            match owner.append(Bytes::from_static(b"after the restart")).await {
+                Ok(seq) => break seq,
+                Err(CommitLogError::Engine { .. }) if std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        let log = read_after(&js, 1, 0).await.unwrap();
+        assert_eq!(log.len(), 102);
+        assert_eq!(log[100].body, Bytes::from_static(b"c99"));
+        assert_eq!(log[101].seq, after);
+    });
+}

@@ -1,0 +1,82 @@
+//! A real nats-server with JetStream on a free loopback port, its store in
+//! a directory of its own, so a server started again on the port finds its
+//! streams where they were.
+
+use super::{binary, free_port, require, wait_for_child_port};
+use std::path::PathBuf;
+use std::process::{Child, Command};
+
+pub struct Nats {
+    pub port: u16,
+    child: Option<Child>,
+    binary: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Nats {
+    /// Starts nats-server, or returns `None` (skipping loudly) when absent.
+    pub fn start() -> Option<Self> {
+        let binary = require(
+            "nats-server (apt-get install nats-server)",
+            binary("nats-server"),
+        )?;
+        for _ in 0..5 {
+            let mut nats = Self {
+                port: free_port(),
+                child: None,
+                binary: binary.clone(),
+                dir: tempfile::tempdir().expect("tempdir"),
+            };
+            if nats.spawn() {
+                return Some(nats);
+            }
+        }
+        panic!("nats-server could not bind a free port in 5 tries");
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    fn spawn(&mut self) -> bool {
+        let config = self.dir.path().join("nats.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "listen: 127.0.0.1:{}\nserver_name: geogate-test\njetstream {{ store_dir: \"{}\" }}\n",
+                self.port,
+                self.dir.path().join("js").display()
+            ),
+        )
+        .expect("write nats.conf");
+        let mut child = Command::new(&self.binary)
+            .arg("-c")
+            .arg(&config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn nats-server");
+        let up = wait_for_child_port(&mut child, self.port);
+        self.child = Some(child);
+        up
+    }
+
+    /// SIGKILLs the server.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port, with the same store.
+    pub fn start_again(&mut self) {
+        assert!(self.spawn(), "nats-server did not come back on its port");
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
