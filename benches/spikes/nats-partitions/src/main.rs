@@ -13,10 +13,11 @@
 
 use async_nats::jetstream::{self, consumer::pull, context::PublishErrorKind, stream};
 use futures_util::StreamExt;
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-type Error = Box<dyn std::error::Error + Send + Sync>;
+#[path = "../../common/fleet.rs"]
+mod fleet;
+use fleet::{Error, OrderCheck};
 
 struct Args {
     nats: String,
@@ -36,66 +37,6 @@ fn args() -> Args {
         vehicles: num(4, 200),
         fixes: num(5, 100),
     }
-}
-
-/// A vehicle's topic: even ones as native JSON, odd ones as OwnTracks.
-fn topic(v: u32) -> String {
-    if v % 2 == 0 {
-        format!("fleet/v{v}/telemetry")
-    } else {
-        format!("owntracks/fleet{}/v{v}", v % 3)
-    }
-}
-
-/// Publishes every vehicle's fixes over MQTT, QoS 1, from 8 clients (a
-/// vehicle always from the same one, its fixes one after another).
-async fn publish(args: &Args) -> Result<f64, Error> {
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for c in 0..8u32 {
-        let (port, vehicles, fixes) = (args.mqtt_port, args.vehicles, args.fixes);
-        tasks.push(tokio::spawn(async move {
-            let mut options =
-                rumqttc::MqttOptions::new(format!("spike-pub-{c}"), "127.0.0.1", port);
-            options.set_keep_alive(Duration::from_secs(30));
-            options.set_inflight(100);
-            let (client, mut events) = rumqttc::AsyncClient::new(options, 1000);
-            let mine: Vec<u32> = (0..vehicles).filter(|v| v % 8 == c).collect();
-            let total = mine.len() as u64 * u64::from(fixes);
-            let sender = tokio::spawn(async move {
-                for k in 0..fixes {
-                    for &v in &mine {
-                        let body = format!(r#"{{"vehicle":"v{v}","k":{k}}}"#);
-                        client
-                            .publish(topic(v), rumqttc::QoS::AtLeastOnce, false, body)
-                            .await
-                            .expect("queued");
-                    }
-                }
-                client
-            });
-            let mut acked = 0u64;
-            while acked < total {
-                match events.poll().await {
-                    Ok(rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_))) => acked += 1,
-                    Ok(_) => {}
-                    Err(e) => panic!("mqtt: {e}"),
-                }
-            }
-            let _client = sender.await.expect("sender");
-        }));
-    }
-    for t in tasks {
-        t.await?;
-    }
-    let n = f64::from(args.vehicles * args.fixes);
-    Ok(n / started.elapsed().as_secs_f64())
-}
-
-/// The vehicle and fix number in a payload.
-fn fix_of(payload: &[u8]) -> Option<(String, u64)> {
-    let v: serde_json::Value = serde_json::from_slice(payload).ok()?;
-    Some((v["vehicle"].as_str()?.to_owned(), v["k"].as_u64()?))
 }
 
 #[tokio::main]
@@ -128,7 +69,7 @@ async fn main() -> Result<(), Error> {
     }
 
     // 1. Publish over MQTT.
-    let published_per_s = publish(&args).await?;
+    let published_per_s = fleet::publish(args.mqtt_port, None, args.vehicles, args.fixes).await?;
     let want = u64::from(args.vehicles * args.fixes);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -148,9 +89,8 @@ async fn main() -> Result<(), Error> {
 
     // 2. Read each partition; check order and that a vehicle stays in one.
     let started = Instant::now();
-    let mut partition_of: HashMap<String, u32> = HashMap::new();
-    let mut last: HashMap<String, u64> = HashMap::new();
-    let (mut read, mut out_of_order, mut split, mut sizes) = (0u64, 0u64, 0u64, Vec::new());
+    let mut check = OrderCheck::default();
+    let (mut read, mut sizes) = (0u64, Vec::new());
     for p in 0..args.partitions {
         let (input, filter) = if per_partition {
             (format!("IN_{p}"), String::new())
@@ -178,18 +118,7 @@ async fn main() -> Result<(), Error> {
             while let Some(message) = batch.next().await {
                 let message = message?;
                 got += 1;
-                let Some((vehicle, k)) = fix_of(&message.payload) else {
-                    return Err(format!("undecodable payload on {}", message.subject).into());
-                };
-                if *partition_of.entry(vehicle.clone()).or_insert(p) != p {
-                    split += 1;
-                }
-                if let Some(&before) = last.get(&vehicle)
-                    && k <= before
-                {
-                    out_of_order += 1;
-                }
-                last.insert(vehicle, k);
+                check.see(p, &message.payload)?;
             }
             n += got;
             if std::env::var_os("SPIKE_TRACE").is_some() {
@@ -204,14 +133,16 @@ async fn main() -> Result<(), Error> {
     }
     let read_s = started.elapsed().as_secs_f64();
     println!(
-        "read {read} of {want} from {} partitions ({}; sizes {sizes:?}) at {:.0}/s, one pull consumer at a time; out of order {out_of_order}, vehicles in more than one partition {split}",
+        "read {read} of {want} from {} partitions ({}; sizes {sizes:?}) at {:.0}/s, one pull consumer at a time; out of order {}, vehicles in more than one partition {}",
         args.partitions,
         if per_partition {
             "a stream each"
         } else {
             "one stream, a subject filter each"
         },
-        read as f64 / read_s
+        read as f64 / read_s,
+        check.out_of_order,
+        check.split
     );
 
     // 3. The commit log: one subject per partition, each commit expecting
@@ -297,12 +228,13 @@ async fn main() -> Result<(), Error> {
         stale.is_err()
     );
     let vehicles_in: Vec<usize> = (0..args.partitions)
-        .map(|p| partition_of.values().filter(|&&q| q == p).count())
+        .map(|p| check.partition_of.values().filter(|&&q| q == p).count())
         .collect();
     let even = |even: bool| -> Vec<usize> {
         (0..args.partitions)
             .map(|p| {
-                partition_of
+                check
+                    .partition_of
                     .iter()
                     .filter(|(v, q)| {
                         **q == p && v[1..].parse::<u32>().is_ok_and(|n| (n % 2 == 0) == even)

@@ -11,65 +11,11 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ConnectionProperties, ExchangeKind};
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-type Error = Box<dyn std::error::Error + Send + Sync>;
-
-fn topic(v: u32) -> String {
-    if v % 2 == 0 {
-        format!("fleet/v{v}/telemetry")
-    } else {
-        format!("owntracks/fleet{}/v{v}", v % 3)
-    }
-}
-
-async fn publish(port: u16, vehicles: u32, fixes: u32) -> Result<f64, Error> {
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for c in 0..8u32 {
-        tasks.push(tokio::spawn(async move {
-            let mut options =
-                rumqttc::MqttOptions::new(format!("spike-pub-{c}"), "127.0.0.1", port);
-            options.set_keep_alive(Duration::from_secs(30));
-            options.set_credentials("guest", "guest");
-            options.set_inflight(100);
-            let (client, mut events) = rumqttc::AsyncClient::new(options, 1000);
-            let mine: Vec<u32> = (0..vehicles).filter(|v| v % 8 == c).collect();
-            let total = mine.len() as u64 * u64::from(fixes);
-            let sender = tokio::spawn(async move {
-                for k in 0..fixes {
-                    for &v in &mine {
-                        let body = format!(r#"{{"vehicle":"v{v}","k":{k}}}"#);
-                        client
-                            .publish(topic(v), rumqttc::QoS::AtLeastOnce, false, body)
-                            .await
-                            .expect("queued");
-                    }
-                }
-                client
-            });
-            let mut acked = 0u64;
-            while acked < total {
-                match events.poll().await {
-                    Ok(rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_))) => acked += 1,
-                    Ok(_) => {}
-                    Err(e) => panic!("mqtt: {e}"),
-                }
-            }
-            let _client = sender.await.expect("sender");
-        }));
-    }
-    for t in tasks {
-        t.await?;
-    }
-    Ok(f64::from(vehicles * fixes) / started.elapsed().as_secs_f64())
-}
-
-fn fix_of(payload: &[u8]) -> Option<(String, u64)> {
-    let v: serde_json::Value = serde_json::from_slice(payload).ok()?;
-    Some((v["vehicle"].as_str()?.to_owned(), v["k"].as_u64()?))
-}
+#[path = "../../common/fleet.rs"]
+mod fleet;
+use fleet::{Error, OrderCheck};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
@@ -141,14 +87,13 @@ async fn main() -> Result<(), Error> {
             .await?;
     }
 
-    let published = publish(mqtt, vehicles, fixes).await?;
+    let published = fleet::publish(mqtt, Some(("guest", "guest")), vehicles, fixes).await?;
     let want = u64::from(vehicles * fixes);
     println!("published over MQTT (QoS 1, 8 clients): {want} fixes at {published:.0}/s");
 
     let started = Instant::now();
-    let mut partition_of: HashMap<String, u32> = HashMap::new();
-    let mut last: HashMap<String, u64> = HashMap::new();
-    let (mut read, mut out_of_order, mut split, mut sizes) = (0u64, 0u64, 0u64, Vec::new());
+    let mut check = OrderCheck::default();
+    let (mut read, mut sizes) = (0u64, Vec::new());
     for p in 0..partitions {
         let q = format!("part.{p}");
         let channel = conn.create_channel().await?;
@@ -190,18 +135,7 @@ async fn main() -> Result<(), Error> {
             };
             let delivery = delivery?;
             n += 1;
-            let Some((vehicle, k)) = fix_of(&delivery.data) else {
-                return Err("undecodable payload".into());
-            };
-            if *partition_of.entry(vehicle.clone()).or_insert(p) != p {
-                split += 1;
-            }
-            if let Some(&before) = last.get(&vehicle)
-                && k <= before
-            {
-                out_of_order += 1;
-            }
-            last.insert(vehicle, k);
+            check.see(p, &delivery.data)?;
             if n % 500 == 0 || n == u64::from(count) {
                 delivery
                     .acker
@@ -224,8 +158,10 @@ async fn main() -> Result<(), Error> {
         channel.close(200, "done").await?;
     }
     println!(
-        "read {read} of {want} from {partitions} quorum queues (sizes {sizes:?}) at {:.0}/s, one consumer at a time, prefetch 1000; out of order {out_of_order}, vehicles in more than one queue {split}",
-        read as f64 / started.elapsed().as_secs_f64()
+        "read {read} of {want} from {partitions} quorum queues (sizes {sizes:?}) at {:.0}/s, one consumer at a time, prefetch 1000; out of order {}, vehicles in more than one queue {}",
+        read as f64 / started.elapsed().as_secs_f64(),
+        check.out_of_order,
+        check.split
     );
     Ok(())
 }
