@@ -1,12 +1,15 @@
 //! A partition's commit log (decision 0025) against a real nats-server:
 //! a deposed owner cannot commit, concurrent takeovers leave one owner,
-//! and the log outlives the server.
+//! and the log outlives the server; a partition's lease goes to one
+//! instance at a time.
 
 mod support;
 
 use async_nats::jetstream;
 use bytes::Bytes;
-use geogate::state::partitioned::commit_log::{CommitLog, CommitLogError, read_after};
+use geogate::state::partitioned::PartitionError;
+use geogate::state::partitioned::commit_log::{CommitLog, read_after};
+use geogate::state::partitioned::lease::{ExpiryWatch, Leases};
 use support::nats::Nats;
 
 async fn connect(nats: &Nats) -> jetstream::Context {
@@ -38,7 +41,7 @@ fn a_deposed_owner_cannot_commit_after_a_takeover() {
             .unwrap();
         let refused = a.append(Bytes::from_static(b"a3")).await;
         assert!(
-            matches!(refused, Err(CommitLogError::Deposed { partition: 3, .. })),
+            matches!(refused, Err(PartitionError::Deposed { partition: 3, .. })),
             "{refused:?}"
         );
         b.append(Bytes::from_static(b"b1")).await.unwrap();
@@ -82,7 +85,7 @@ fn of_owners_taking_over_at_once_exactly_one_can_commit() {
             for contender in contenders {
                 match contender.await.unwrap() {
                     Ok(log) => owners.push(log),
-                    Err(CommitLogError::Deposed { .. }) => {}
+                    Err(PartitionError::Deposed { .. }) => {}
                     Err(e) => panic!("{e}"),
                 }
             }
@@ -91,7 +94,7 @@ fn of_owners_taking_over_at_once_exactly_one_can_commit() {
             for owner in &mut owners {
                 match owner.append(Bytes::from(format!("{round}: commit"))).await {
                     Ok(_) => committed += 1,
-                    Err(CommitLogError::Deposed { .. }) => {}
+                    Err(PartitionError::Deposed { .. }) => {}
                     Err(e) => panic!("{e}"),
                 }
             }
@@ -122,7 +125,7 @@ fn the_log_outlives_a_killed_server() {
         let after = loop {
             match owner.append(Bytes::from_static(b"after the restart")).await {
                 Ok(seq) => break seq,
-                Err(CommitLogError::Engine { .. }) if std::time::Instant::now() < deadline => {
+                Err(PartitionError::Engine { .. }) if std::time::Instant::now() < deadline => {
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
                 Err(e) => panic!("{e}"),
@@ -132,5 +135,82 @@ fn the_log_outlives_a_killed_server() {
         assert_eq!(log.len(), 102);
         assert_eq!(log[100].body, Bytes::from_static(b"c99"));
         assert_eq!(log[101].seq, after);
+    });
+}
+
+/// A lease taken, renewed, then taken by a contender that has seen it
+/// unchanged for a whole term: the old holder's next renewal is refused,
+/// and a contender that acts on a lease it read before a renewal loses.
+#[test]
+fn a_lease_goes_to_a_contender_only_after_a_whole_term_unrenewed() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let js = connect(&nats).await;
+        let leases = Leases::open(&js).await.unwrap();
+        assert_eq!(leases.current(5).await.unwrap(), None);
+        let a = leases.take(5, "a", None).await.unwrap();
+        let term = std::time::Duration::from_secs(10);
+        let mut watch = ExpiryWatch::new(term);
+        let t0 = std::time::Instant::now();
+        assert!(!watch.expired(&leases.current(5).await.unwrap().unwrap(), t0));
+        let renewed = leases.renew(&a).await.unwrap();
+        // b read the lease before the renewal: its take loses.
+        assert!(matches!(
+            leases.take(5, "b", Some(&a)).await,
+            Err(PartitionError::LeaseLost { partition: 5 })
+        ));
+        let seen = leases.current(5).await.unwrap().unwrap();
+        assert_eq!(seen, renewed);
+        assert!(
+            !watch.expired(&seen, t0 + term),
+            "renewed: the term starts again"
+        );
+        let later = t0 + term * 2;
+        assert!(watch.expired(&seen, later));
+        let b = leases.take(5, "b", Some(&seen)).await.unwrap();
+        assert_eq!(leases.current(5).await.unwrap().unwrap().holder, "b");
+        assert!(matches!(
+            leases.renew(&renewed).await,
+            Err(PartitionError::LeaseLost { partition: 5 })
+        ));
+        assert!(leases.renew(&b).await.is_ok());
+        assert_eq!(leases.current(6).await.unwrap(), None, "another partition");
+    });
+}
+
+/// Instances taking a free partition at the same time: exactly one gets it.
+#[test]
+fn of_instances_taking_a_free_lease_at_once_exactly_one_gets_it() {
+    let Some(nats) = Nats::start() else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let js = connect(&nats).await;
+        let leases = std::sync::Arc::new(Leases::open(&js).await.unwrap());
+        for partition in 0..10u32 {
+            let takers: Vec<_> = (0..5)
+                .map(|i| {
+                    let leases = leases.clone();
+                    tokio::spawn(
+                        async move { leases.take(partition, &format!("i{i}"), None).await },
+                    )
+                })
+                .collect();
+            let mut holders = Vec::new();
+            for taker in takers {
+                match taker.await.unwrap() {
+                    Ok(lease) => holders.push(lease.holder),
+                    Err(PartitionError::LeaseLost { .. }) => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            assert_eq!(holders.len(), 1, "partition {partition}: {holders:?}");
+            let current = leases.current(partition).await.unwrap().unwrap();
+            assert_eq!(current.holder, holders[0]);
+        }
     });
 }

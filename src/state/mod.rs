@@ -22,8 +22,8 @@
 //! * [`redis`]: the memberships in Redis, shared by every instance; the
 //!   rules run server-side, and each instance delivers from its streams.
 //! * [`partitioned`]: scale-out on ordered partitions, one owner each,
-//!   committing to a log in NATS JetStream (decision 0025); its commit log
-//!   so far.
+//!   committing to a log in NATS JetStream (decision 0025); so far its
+//!   commit log and leases, not yet a backend `open` knows.
 //!
 //! [`backends::open`] is the one place that knows every backend.
 

@@ -19,26 +19,13 @@
 //! filter per partition: NATS 2.9 reads a filtered consumer about 55×
 //! slower (decision 0025).
 
+use super::PartitionError;
 use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::context::{GetStreamErrorKind, PublishErrorKind};
 use async_nats::jetstream::{self, consumer, stream};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use std::time::Duration;
-
-#[derive(Debug, thiserror::Error)]
-pub enum CommitLogError {
-    #[error(
-        "partition {partition}: another owner has committed since sequence {expected}: this instance no longer owns the partition"
-    )]
-    Deposed { partition: u32, expected: u64 },
-    #[error("partition {partition}: commit log {stream}: {detail}")]
-    Engine {
-        partition: u32,
-        stream: String,
-        detail: String,
-    },
-}
 
 /// One owner's hold on a partition's commit log.
 pub struct CommitLog {
@@ -72,12 +59,12 @@ const FETCH_WAIT: Duration = Duration::from_secs(1);
 impl CommitLog {
     /// Takes the partition's log over: makes the stream if it is new, and
     /// writes `takeover` expecting the last commit there. Refused
-    /// ([`CommitLogError::Deposed`]) if another owner commits in between.
+    /// ([`PartitionError::Deposed`]) if another owner commits in between.
     pub async fn take_over(
         js: &jetstream::Context,
         partition: u32,
         takeover: Bytes,
-    ) -> Result<Self, CommitLogError> {
+    ) -> Result<Self, PartitionError> {
         let mut stream = js
             .get_or_create_stream(stream::Config {
                 name: stream_name(partition),
@@ -107,8 +94,8 @@ impl CommitLog {
     }
 
     /// Appends a commit after this owner's last one; its sequence in the
-    /// log. [`CommitLogError::Deposed`] if another owner took over since.
-    pub async fn append(&mut self, body: Bytes) -> Result<u64, CommitLogError> {
+    /// log. [`PartitionError::Deposed`] if another owner took over since.
+    pub async fn append(&mut self, body: Bytes) -> Result<u64, PartitionError> {
         let partition = self.partition;
         let publish = jetstream::message::PublishMessage::build()
             .payload(body)
@@ -126,7 +113,7 @@ impl CommitLog {
                 Ok(ack.sequence)
             }
             Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
-                Err(CommitLogError::Deposed {
+                Err(PartitionError::Deposed {
                     partition: self.partition,
                     expected: self.last,
                 })
@@ -147,7 +134,7 @@ pub async fn read_after(
     js: &jetstream::Context,
     partition: u32,
     after: u64,
-) -> Result<Vec<Commit>, CommitLogError> {
+) -> Result<Vec<Commit>, PartitionError> {
     let mut stream = match js.get_stream(stream_name(partition)).await {
         Ok(stream) => stream,
         Err(e)
@@ -210,10 +197,6 @@ pub async fn read_after(
     }
 }
 
-fn engine(partition: u32, e: impl std::fmt::Display) -> CommitLogError {
-    CommitLogError::Engine {
-        partition,
-        stream: stream_name(partition),
-        detail: e.to_string(),
-    }
+fn engine(partition: u32, e: impl std::fmt::Display) -> PartitionError {
+    PartitionError::engine(partition, &stream_name(partition), e)
 }

@@ -5,3 +5,7 @@
 //! machine reads the log; a deposed owner's commits are refused.
 
 pub mod commit_log;
+mod error;
+pub mod lease;
+
+pub use error::PartitionError;
