@@ -1,12 +1,14 @@
 //! A partition's commit log (decision 0025) against a real nats-server:
 //! a deposed owner cannot commit, concurrent takeovers leave one owner,
 //! and the log outlives the server; a partition's lease goes to one
-//! instance at a time.
+//! instance at a time; devices publishing over MQTT land in one partition
+//! each, in order.
 
 mod support;
 
 use async_nats::jetstream;
 use bytes::Bytes;
+use geogate::source::jetstream::PartitionInput;
 use geogate::state::partitioned::PartitionError;
 use geogate::state::partitioned::commit_log::{CommitLog, read_after};
 use geogate::state::partitioned::lease::{ExpiryWatch, Leases};
@@ -212,5 +214,81 @@ fn of_instances_taking_a_free_lease_at_once_exactly_one_gets_it() {
             let current = leases.current(partition).await.unwrap().unwrap();
             assert_eq!(current.holder, holders[0]);
         }
+    });
+}
+
+/// Devices publishing over MQTT (QoS 1, native and OwnTracks topics) to the
+/// server's listener: each vehicle lands in one
+/// partition, in publish order, with its topic as published; a partition
+/// read again from a position gives exactly what followed it.
+#[test]
+fn devices_over_mqtt_land_in_one_partition_each_in_publish_order() {
+    const PARTITIONS: u32 = 4;
+    let Some(nats) = Nats::start_partitioned(PARTITIONS) else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let js = connect(&nats).await;
+        let mut inputs = Vec::new();
+        for p in 0..PARTITIONS {
+            inputs.push(PartitionInput::open(&js, p, 0).await.unwrap());
+        }
+        let topic = |v: u32| match v % 3 {
+            0 => format!("fleet/v{v}/telemetry"),
+            1 => format!("owntracks/fleet/v{v}"),
+            _ => format!("fleet/truck-{v}/telemetry"),
+        };
+        let mut messages = Vec::new();
+        for k in 0..30u32 {
+            for v in 0..24u32 {
+                messages.push((topic(v), format!(r#"{{"v":{v},"k":{k}}}"#).into_bytes()));
+            }
+        }
+        let mqtt = nats.mqtt_port.unwrap();
+        support::geogate::publish_all(mqtt, &messages, None).await;
+
+        let mut seen: std::collections::HashMap<String, (u32, u64)> = Default::default();
+        let mut read = Vec::new();
+        for (p, input) in inputs.iter_mut().enumerate() {
+            let mut fixes = Vec::new();
+            loop {
+                let batch = input
+                    .next_batch(500, std::time::Duration::from_millis(300))
+                    .await
+                    .unwrap();
+                if batch.is_empty() {
+                    break;
+                }
+                fixes.extend(batch);
+            }
+            for fix in &fixes {
+                let value: serde_json::Value = serde_json::from_slice(&fix.payload).unwrap();
+                let (v, k) = (
+                    value["v"].as_u64().unwrap() as u32,
+                    value["k"].as_u64().unwrap(),
+                );
+                assert_eq!(fix.topic, topic(v), "the topic as published");
+                let (partition, last) = seen.entry(fix.topic.clone()).or_insert((p as u32, k));
+                assert_eq!(*partition, p as u32, "{} in two partitions", fix.topic);
+                assert!(k >= *last, "{}: fix {k} after {last}", fix.topic);
+                *last = k;
+            }
+            read.push(fixes);
+        }
+        assert_eq!(read.iter().map(Vec::len).sum::<usize>(), messages.len());
+        assert_eq!(seen.len(), 24);
+        assert!(
+            read.iter().filter(|fixes| !fixes.is_empty()).count() > 1,
+            "vehicles spread over partitions"
+        );
+        let fixes = read.iter().find(|f| f.len() > 20).unwrap();
+        let p = read.iter().position(|f| f.len() > 20).unwrap() as u32;
+        let mut again = PartitionInput::open(&js, p, fixes[9].seq).await.unwrap();
+        let rest = again
+            .next_batch(10_000, std::time::Duration::from_millis(300))
+            .await
+            .unwrap();
+        assert_eq!(rest, fixes[10..]);
     });
 }

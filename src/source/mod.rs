@@ -8,6 +8,7 @@
 //! inside the source, so the router and workers never import it.
 
 pub mod intake;
+pub mod jetstream;
 pub mod mqtt;
 
 use tokio::sync::mpsc;

@@ -1,6 +1,7 @@
 //! A real nats-server with JetStream on a free loopback port, its store in
 //! a directory of its own, so a server started again on the port finds its
-//! streams where they were.
+//! streams where they were. Optionally with its MQTT listener and the
+//! partition mapping README gives (decision 0025).
 
 use super::{binary, free_port, require, wait_for_child_port};
 use std::path::PathBuf;
@@ -8,6 +9,10 @@ use std::process::{Child, Command};
 
 pub struct Nats {
     pub port: u16,
+    /// The MQTT listener's port, when started with partitions.
+    pub mqtt_port: Option<u16>,
+    /// The partition count the mapping spreads device topics over.
+    partitions: Option<u32>,
     child: Option<Child>,
     binary: PathBuf,
     dir: tempfile::TempDir,
@@ -16,6 +21,16 @@ pub struct Nats {
 impl Nats {
     /// Starts nats-server, or returns `None` (skipping loudly) when absent.
     pub fn start() -> Option<Self> {
+        Self::start_with(None)
+    }
+
+    /// Starts nats-server with its MQTT listener, device topics mapped to
+    /// `partitions` partitions.
+    pub fn start_partitioned(partitions: u32) -> Option<Self> {
+        Self::start_with(Some(partitions))
+    }
+
+    fn start_with(partitions: Option<u32>) -> Option<Self> {
         let binary = require(
             "nats-server (apt-get install nats-server)",
             binary("nats-server"),
@@ -23,6 +38,8 @@ impl Nats {
         for _ in 0..5 {
             let mut nats = Self {
                 port: free_port(),
+                mqtt_port: partitions.map(|_| free_port()),
+                partitions,
                 child: None,
                 binary: binary.clone(),
                 dir: tempfile::tempdir().expect("tempdir"),
@@ -40,15 +57,17 @@ impl Nats {
 
     fn spawn(&mut self) -> bool {
         let config = self.dir.path().join("nats.conf");
-        std::fs::write(
-            &config,
-            format!(
-                "listen: 127.0.0.1:{}\nserver_name: geogate-test\njetstream {{ store_dir: \"{}\" }}\n",
-                self.port,
-                self.dir.path().join("js").display()
-            ),
-        )
-        .expect("write nats.conf");
+        let mut text = format!(
+            "listen: 127.0.0.1:{}\nserver_name: geogate-test\njetstream {{ store_dir: \"{}\" }}\n",
+            self.port,
+            self.dir.path().join("js").display()
+        );
+        if let (Some(mqtt), Some(n)) = (self.mqtt_port, self.partitions) {
+            text.push_str(&format!(
+                "mqtt {{ listen: 127.0.0.1:{mqtt} }}\nmappings = {{\n  \"fleet.*.telemetry\": \"in.{{{{partition({n},1)}}}}.fleet.{{{{wildcard(1)}}}}.telemetry\"\n  \"owntracks.*.*\": \"in.{{{{partition({n},1,2)}}}}.owntracks.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}\"\n}}\n"
+            ));
+        }
+        std::fs::write(&config, text).expect("write nats.conf");
         let mut child = Command::new(&self.binary)
             .arg("-c")
             .arg(&config)
@@ -56,7 +75,10 @@ impl Nats {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("spawn nats-server");
-        let up = wait_for_child_port(&mut child, self.port);
+        let up = wait_for_child_port(&mut child, self.port)
+            && self
+                .mqtt_port
+                .is_none_or(|mqtt| wait_for_child_port(&mut child, mqtt));
         self.child = Some(child);
         up
     }
