@@ -14,7 +14,7 @@
 //! * [`replay`]: captures, record, live and virtual replay, synth;
 //! * [`lab`], [`report`], [`cli`]: what the commands show;
 //! * [`clock`], [`model`], [`config`], [`backoff`], [`broker`],
-//!   [`metrics`], [`redis_link`], [`runtime`]: shared pieces.
+//!   [`metrics`], [`redis_link`], [`jetstream_link`], [`runtime`]: shared pieces.
 
 pub mod admission;
 pub mod allowance;
@@ -27,6 +27,7 @@ pub mod config;
 pub mod crash_point;
 pub mod delivery;
 pub mod geofence;
+pub mod jetstream_link;
 pub mod lab;
 pub mod metrics;
 pub mod model;

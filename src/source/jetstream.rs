@@ -8,7 +8,8 @@
 //! keeps it in its commits, so a new owner resumes where the last commit
 //! says, whatever the engine thinks was delivered.
 
-use async_nats::jetstream::{self, consumer, stream};
+use crate::jetstream_link::{file_stream, reader_after};
+use async_nats::jetstream::{self, consumer};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use std::time::Duration;
@@ -69,25 +70,10 @@ impl PartitionInput {
             stream: stream_name(partition),
             detail: e,
         };
-        let stream = js
-            .get_or_create_stream(stream::Config {
-                name: stream_name(partition),
-                subjects: vec![format!("in.{partition}.>")],
-                storage: stream::StorageType::File,
-                ..Default::default()
-            })
+        let stream = file_stream(js, stream_name(partition), format!("in.{partition}.>"))
             .await
-            .map_err(|e| error(e.to_string()))?;
-        let reader = stream
-            .create_consumer(consumer::pull::Config {
-                deliver_policy: consumer::DeliverPolicy::ByStartSequence {
-                    start_sequence: after + 1,
-                },
-                ack_policy: consumer::AckPolicy::None,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| error(e.to_string()))?;
+            .map_err(error)?;
+        let reader = reader_after(&stream, after).await.map_err(error)?;
         Ok(Self { partition, reader })
     }
 

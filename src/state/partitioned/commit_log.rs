@@ -20,9 +20,10 @@
 //! slower (decision 0025).
 
 use super::PartitionError;
+use crate::jetstream_link::{file_stream, reader_after};
+use async_nats::jetstream;
 use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::context::{GetStreamErrorKind, PublishErrorKind};
-use async_nats::jetstream::{self, consumer, stream};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use std::time::Duration;
@@ -65,13 +66,7 @@ impl CommitLog {
         partition: u32,
         takeover: Bytes,
     ) -> Result<Self, PartitionError> {
-        let mut stream = js
-            .get_or_create_stream(stream::Config {
-                name: stream_name(partition),
-                subjects: vec![subject(partition)],
-                storage: stream::StorageType::File,
-                ..Default::default()
-            })
+        let mut stream = file_stream(js, stream_name(partition), subject(partition))
             .await
             .map_err(|e| engine(partition, e))?;
         let last = stream
@@ -155,14 +150,7 @@ pub async fn read_after(
     {
         return Ok(Vec::new());
     }
-    let mut reader = stream
-        .create_consumer(consumer::pull::Config {
-            deliver_policy: consumer::DeliverPolicy::ByStartSequence {
-                start_sequence: after + 1,
-            },
-            ack_policy: consumer::AckPolicy::None,
-            ..Default::default()
-        })
+    let mut reader = reader_after(&stream, after)
         .await
         .map_err(|e| engine(partition, e))?;
     let mut commits = Vec::new();
