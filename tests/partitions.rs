@@ -33,12 +33,19 @@ fn a_deposed_owner_cannot_commit_after_a_takeover() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
         let js = connect(&nats).await;
-        let mut a = CommitLog::take_over(&js, 3, Bytes::from_static(b"a takes over"))
+        let mut a = CommitLog::take_over(&js, 3, 0, Bytes::from_static(b"a takes over"))
             .await
             .unwrap();
         a.append(Bytes::from_static(b"a1")).await.unwrap();
         a.append(Bytes::from_static(b"a2")).await.unwrap();
-        let mut b = CommitLog::take_over(&js, 3, Bytes::from_static(b"b takes over"))
+        // b read the log up to a2 and applied it.
+        let applied = read_after(&js, 3, 0).await.unwrap().last().unwrap().seq;
+        // A contender that read it before a2 is refused.
+        assert!(matches!(
+            CommitLog::take_over(&js, 3, applied - 1, Bytes::from_static(b"late")).await,
+            Err(PartitionError::Deposed { .. })
+        ));
+        let mut b = CommitLog::take_over(&js, 3, applied, Bytes::from_static(b"b takes over"))
             .await
             .unwrap();
         let refused = a.append(Bytes::from_static(b"a3")).await;
@@ -65,8 +72,8 @@ fn a_deposed_owner_cannot_commit_after_a_takeover() {
     });
 }
 
-/// Owners taking a partition over at the same time: however their reads
-/// and writes interleave, afterwards exactly one of them can commit.
+/// Owners that read the log up to the same commit taking the partition
+/// over at the same time: exactly one gets it, and only it can commit.
 #[test]
 fn of_owners_taking_over_at_once_exactly_one_can_commit() {
     let Some(nats) = Nats::start() else {
@@ -76,13 +83,21 @@ fn of_owners_taking_over_at_once_exactly_one_can_commit() {
     runtime.block_on(async {
         let js = connect(&nats).await;
         for round in 0..10u32 {
-            let contenders = (0..5).map(|i| {
-                let js = js.clone();
-                tokio::spawn(async move {
-                    CommitLog::take_over(&js, 0, Bytes::from(format!("{round}: {i} takes over")))
-                        .await
+            // Each read the log up to the same commit.
+            let applied = read_after(&js, 0, 0)
+                .await
+                .unwrap()
+                .last()
+                .map_or(0, |c| c.seq);
+            let contenders: Vec<_> = (0..5)
+                .map(|i| {
+                    let js = js.clone();
+                    tokio::spawn(async move {
+                        let takeover = Bytes::from(format!("{round}: {i} takes over"));
+                        CommitLog::take_over(&js, 0, applied, takeover).await
+                    })
                 })
-            });
+                .collect();
             let mut owners = Vec::new();
             for contender in contenders {
                 match contender.await.unwrap() {
@@ -91,7 +106,7 @@ fn of_owners_taking_over_at_once_exactly_one_can_commit() {
                     Err(e) => panic!("{e}"),
                 }
             }
-            assert!(!owners.is_empty(), "round {round}: somebody took over");
+            assert_eq!(owners.len(), 1, "round {round}: one took over");
             let mut committed = 0;
             for owner in &mut owners {
                 match owner.append(Bytes::from(format!("{round}: commit"))).await {
@@ -115,7 +130,7 @@ fn the_log_outlives_a_killed_server() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
         let js = connect(&nats).await;
-        let mut owner = CommitLog::take_over(&js, 1, Bytes::from_static(b"takes over"))
+        let mut owner = CommitLog::take_over(&js, 1, 0, Bytes::from_static(b"takes over"))
             .await
             .unwrap();
         for i in 0..100 {

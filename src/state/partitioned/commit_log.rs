@@ -4,7 +4,11 @@
 //!
 //! Each commit is published expecting the log's last sequence as its
 //! writer knows it (`Nats-Expected-Last-Subject-Sequence`), so the engine
-//! takes a commit only from whoever wrote, or read, the one before it. A
+//! takes a commit only from whoever wrote, or read and applied, the one
+//! before it. The engine checks that expectation against what it has
+//! stored only on a stream of one replica on NATS 2.9 (a replicated one
+//! checks it again when a message is applied from 2.11 on): the logs are
+//! single-replica streams. A
 //! new owner starts by writing a takeover commit: from then on, a commit
 //! from the owner before it (paused past its lease, say, and resumed) is
 //! refused, and that owner learns it was deposed instead of writing on.
@@ -59,30 +63,24 @@ const FETCH_WAIT: Duration = Duration::from_secs(1);
 
 impl CommitLog {
     /// Takes the partition's log over: makes the stream if it is new, and
-    /// writes `takeover` expecting the last commit there. Refused
-    /// ([`PartitionError::Deposed`]) if another owner commits in between.
+    /// writes `takeover` expecting `applied`, the last commit the new
+    /// owner has read and applied (0 for a log it found empty). Refused
+    /// ([`PartitionError::Deposed`]) if the log holds anything after it:
+    /// another owner committed after the new one read the log.
     pub async fn take_over(
         js: &jetstream::Context,
         partition: u32,
+        applied: u64,
         takeover: Bytes,
     ) -> Result<Self, PartitionError> {
-        let mut stream = file_stream(js, stream_name(partition), subject(partition))
+        file_stream(js, stream_name(partition), subject(partition))
             .await
             .map_err(|e| engine(partition, e))?;
-        let last = stream
-            .info()
-            .await
-            .map_err(|e| engine(partition, e))?
-            .state
-            .last_sequence;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
         let mut log = Self {
             js: js.clone(),
             partition,
-            last,
-            token: format!("{:x}.{:x}", std::process::id(), now.as_nanos()),
+            last: applied,
+            token: random_token(),
         };
         log.append(takeover).await?;
         Ok(log)
@@ -90,11 +88,14 @@ impl CommitLog {
 
     /// Appends a commit after this owner's last one; its sequence in the
     /// log. [`PartitionError::Deposed`] if another owner took over since.
+    /// After an engine error the same body must be sent again: the engine
+    /// may have stored it, and its id makes the resend that commit.
     pub async fn append(&mut self, body: Bytes) -> Result<u64, PartitionError> {
         let partition = self.partition;
+        let id = format!("{}.{}", self.token, self.last);
         let publish = jetstream::message::PublishMessage::build()
             .payload(body)
-            .message_id(format!("{}.{}", self.token, self.last))
+            .message_id(id.as_str())
             .expected_last_subject_sequence(self.last);
         let ack = self
             .js
@@ -108,13 +109,40 @@ impl CommitLog {
                 Ok(ack.sequence)
             }
             Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
+                // A resend past the engine's duplicate window finds its own
+                // commit last, not another owner's.
+                let (seq, last_id) = self.last_commit_id().await?;
+                if last_id == id {
+                    self.last = seq;
+                    return Ok(seq);
+                }
                 Err(PartitionError::Deposed {
-                    partition: self.partition,
+                    partition,
                     expected: self.last,
                 })
             }
             Err(e) => Err(engine(partition, e)),
         }
+    }
+
+    /// The last commit's sequence and message id.
+    async fn last_commit_id(&self) -> Result<(u64, String), PartitionError> {
+        let partition = self.partition;
+        let stream = self
+            .js
+            .get_stream_no_info(stream_name(partition))
+            .await
+            .map_err(|e| engine(partition, e))?;
+        let last = stream
+            .get_last_raw_message_by_subject(&subject(partition))
+            .await
+            .map_err(|e| engine(partition, e))?;
+        let id = last
+            .headers
+            .get("Nats-Msg-Id")
+            .map(|v| v.as_str().to_owned())
+            .unwrap_or_default();
+        Ok((last.sequence, id))
     }
 
     /// The sequence of this owner's last commit.
@@ -183,6 +211,18 @@ pub async fn read_after(
             return Ok(commits);
         }
     }
+}
+
+/// 128 random bits, from the standard library's randomly keyed hasher:
+/// two owners never share a token, whatever their pids and clocks.
+fn random_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let draw = || {
+        std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish()
+    };
+    format!("{:016x}{:016x}", draw(), draw())
 }
 
 fn engine(partition: u32, e: impl std::fmt::Display) -> PartitionError {

@@ -116,7 +116,12 @@ impl Leases {
                 seq: ack.sequence,
             }),
             Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
-                Err(PartitionError::LeaseLost { partition })
+                // A write whose ack was lost left this holder's own lease
+                // last: it holds the partition.
+                match self.current(partition).await? {
+                    Some(current) if current.holder == holder => Ok(current),
+                    _ => Err(PartitionError::LeaseLost { partition }),
+                }
             }
             Err(e) => Err(engine(e.to_string())),
         }
