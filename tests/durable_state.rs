@@ -377,15 +377,10 @@ fn a_missing_or_held_state_file_refuses_to_start_and_says_why() {
         },
         None,
     );
-    let (status, log) = second.wait_refused();
-    assert!(!status.success());
-    assert!(
-        log.contains(&format!(
-            "state file {} is held open by another process",
-            state.display()
-        )),
-        "{log}"
-    );
+    second.refused_saying(&format!(
+        "state file {} is held open by another process",
+        state.display()
+    ));
     assert_eq!(events_of(dir.path()).len(), lines_before);
     // Nor does --reset-state take a held file: it is refused the same way.
     second.set_args(&["--reset-state"]);
@@ -560,14 +555,11 @@ fn an_events_file_cut_behind_what_was_pruned_is_refused_not_a_silent_gap() {
     std::fs::write(&path, &kept).unwrap();
     let kept_seq = written[9]["seq"].as_u64().expect("a seq");
     geogate.restart_refused();
-    let (status, log) = geogate.wait_refused();
-    assert!(!status.success(), "{log}");
-    let said = format!(
+    geogate.refused_saying(&format!(
         "events file {} ends at seq {kept_seq}, but transitions {}..=",
         path.display(),
         kept_seq + 1
-    );
-    assert!(log.contains(&said), "{log}");
+    ));
     assert_eq!(
         std::fs::read_to_string(&path).unwrap(),
         kept,

@@ -647,12 +647,7 @@ fn a_second_instance_on_one_events_file_is_refused() {
         },
         None,
     );
-    let (status, log) = second.wait_refused();
-    assert!(!status.success());
-    assert!(
-        log.contains("another geogate writes this events file"),
-        "{log}"
-    );
+    second.refused_saying("another geogate writes this events file");
     drop(first);
 }
 

@@ -361,6 +361,15 @@ listen = "127.0.0.1:{metrics_port}"
 
     /// Waits (≤ 20 s) for a process that is meant to refuse to start;
     /// returns its exit status and stderr.
+    /// Waits for a refused start, and checks that it failed saying
+    /// `said`; its log.
+    pub fn refused_saying(&mut self, said: &str) -> String {
+        let (status, log) = self.wait_refused();
+        assert!(!status.success(), "{log}");
+        assert!(log.contains(said), "no {said:?} in the log:\n{log}");
+        log
+    }
+
     pub fn wait_refused(&mut self) -> (std::process::ExitStatus, String) {
         let mut child = self.child.take().expect("running");
         let deadline = Instant::now() + Duration::from_secs(20);
