@@ -460,10 +460,7 @@ listen = "127.0.0.1:{metrics_port}"
 
 impl Drop for GeogateProcess {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        super::kill_and_reap(self.child.take());
     }
 }
 

@@ -181,6 +181,14 @@ impl Drop for Mosquitto {
     }
 }
 
+/// SIGKILLs a server or geogate started here, if it runs, and reaps it.
+pub fn kill_and_reap(child: Option<std::process::Child>) {
+    if let Some(mut child) = child {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
 /// Waits (at most 10 s) until `child` accepts connections on `port`:
 /// false if it exits first (the port was taken), so the listener found is
 /// never someone else's.

@@ -85,10 +85,7 @@ impl Nats {
 
     /// SIGKILLs the server.
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        super::kill_and_reap(self.child.take());
     }
 
     /// Starts the server again on the same port, with the same store.

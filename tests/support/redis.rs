@@ -71,10 +71,7 @@ impl Redis {
     /// append-only file); connections to the port are refused until
     /// [`Self::start_again`].
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        super::kill_and_reap(self.child.take());
     }
 
     /// Starts the server again on the same port, with the same data.

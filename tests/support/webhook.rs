@@ -40,10 +40,7 @@ impl WebhookReceiver {
     }
 
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        super::kill_and_reap(self.child.take());
     }
 
     /// Starts it (again) on its port.
