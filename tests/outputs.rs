@@ -132,7 +132,8 @@ fn lost_bytes(events: &Path) -> Vec<u64> {
 /// Under `fsync = "always"` a power loss at any point loses nothing and
 /// repeats nothing: geogate is SIGKILLed at each point where lines are in
 /// flight, its events file cut back to what its last sync put on disk
-/// (the shim's record), and restarted.
+/// (the shim's record), and restarted. MQTT and the webhook, on as well,
+/// each get every transition of the file.
 #[test]
 fn under_always_a_power_loss_at_any_point_loses_and_repeats_nothing() {
     let Some(shim) = support::sync_shim() else {
@@ -147,14 +148,25 @@ fn under_always_a_power_loss_at_any_point_loses_and_repeats_nothing() {
     else {
         return;
     };
+    let Some(receiver) = support::webhook::WebhookReceiver::start(SECRET) else {
+        return;
+    };
+    let published = subscribe_kept(&runtime, broker.port);
     let dir = tempfile::tempdir().unwrap();
     let events = dir.path().join("events.ndjson");
+    // Every output on: the file, MQTT and a webhook.
+    let url = receiver.url();
     let mut geogate = start(
         dir.path(),
         broker.port,
         "power-always",
         Some(&shim),
-        fsync("always"),
+        move |config| {
+            fsync("always")(config).replace("mqtt = false\n", "mqtt = true\n").replace(
+                "[state]\n",
+                &format!("[events.webhook]\nurl = \"{url}\"\nsecret = \"{SECRET}\"\nbatch = 20\n[state]\n"),
+            )
+        },
         None,
     );
     let port = broker.port;
@@ -179,7 +191,23 @@ fn under_always_a_power_loss_at_any_point_loses_and_repeats_nothing() {
         "the torn line of relay.mid_line was never synced, so the power loss took it"
     );
     runtime.block_on(publishing).unwrap();
+    wait_until(60, "every transition posted and published", || {
+        let file = ids(&events_of(dir.path()));
+        file.len() >= want.len()
+            && ids(&published.lock().unwrap()).is_superset(&file)
+            && receiver
+                .accepted()
+                .into_iter()
+                .map(|(id, ..)| id)
+                .collect::<std::collections::BTreeSet<_>>()
+                .is_superset(&file)
+    });
     finish_same_as(&mut geogate, &want, "power losses under always");
+    // Each output got every transition in the file, at least once by id;
+    // the webhook in order per vehicle.
+    let file = events_of(dir.path());
+    assert_eq!(ids(&published.lock().unwrap()), ids(&file), "over MQTT");
+    assert_all_arrived_in_order(&receiver.accepted(), &file);
 }
 
 /// A failed fsync is not trusted on retry: while the shim fails every
