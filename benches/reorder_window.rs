@@ -388,6 +388,7 @@ fn run_stream(
                 fixes: &arrivals,
                 watermark: Some(now),
                 closing: false,
+                position: None,
             };
             shard
                 .apply(batch, Box::new(Finish(finishes.clone(), done_tx.clone())))
@@ -412,6 +413,7 @@ fn run_stream(
                 fixes: &[],
                 watermark: Some(receive_now_ms()),
                 closing: false,
+                position: None,
             };
             shard
                 .apply(tick, Box::new(Finish(finishes.clone(), done_tx.clone())))

@@ -151,6 +151,7 @@ fn describe() {
     crate::pipeline::metrics::describe();
     crate::sink::metrics::describe();
     crate::state::metrics::describe();
+    crate::state::partitioned::metrics::describe();
     crate::delivery::metrics::describe();
     crate::allowance::metrics::describe();
 }

@@ -272,10 +272,10 @@ fn devices_over_mqtt_land_in_one_partition_each_in_publish_order() {
                     .next_batch(500, std::time::Duration::from_millis(300))
                     .await
                     .unwrap();
-                if batch.is_empty() {
+                if batch.fixes.is_empty() {
                     break;
                 }
-                fixes.extend(batch);
+                fixes.extend(batch.fixes);
             }
             for fix in &fixes {
                 let value: serde_json::Value = serde_json::from_slice(&fix.payload).unwrap();
@@ -304,6 +304,7 @@ fn devices_over_mqtt_land_in_one_partition_each_in_publish_order() {
             .next_batch(10_000, std::time::Duration::from_millis(300))
             .await
             .unwrap();
-        assert_eq!(rest, fixes[10..]);
+        assert_eq!(rest.fixes, fixes[10..]);
+        assert_eq!(rest.behind, 0);
     });
 }

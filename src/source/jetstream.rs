@@ -34,6 +34,19 @@ pub struct InputFix {
     /// The MQTT topic the device published to.
     pub topic: String,
     pub payload: Bytes,
+    /// When the engine stored it (unix ms): the partition's receive clock.
+    /// It is the same for every owner that reads the fix, so the rules
+    /// that run on the receive clock (the reorder window, the device clock
+    /// check, idle expiry) decide the same after an owner change.
+    pub stored_ms: i64,
+}
+
+/// One read of a partition: its fixes, and how many messages the
+/// partition held after the last of them when it was read (its lag).
+#[derive(Debug, Default)]
+pub struct InputBatch {
+    pub fixes: Vec<InputFix>,
+    pub behind: u64,
 }
 
 /// The MQTT topic a device published to, from the subject the server's
@@ -54,7 +67,12 @@ pub fn mqtt_topic(subject: &str) -> Option<String> {
 
 pub struct PartitionInput {
     partition: u32,
-    reader: consumer::Consumer<consumer::pull::Config>,
+    stream: jetstream::stream::Stream,
+    reader: Option<consumer::Consumer<consumer::pull::Config>>,
+    /// The last position read: a reader the engine dropped (an
+    /// ephemeral consumer is deleted after a few idle seconds, or with a
+    /// restarted server) is made again after it.
+    position: u64,
 }
 
 impl PartitionInput {
@@ -70,51 +88,99 @@ impl PartitionInput {
             stream: stream_name(partition),
             detail: e,
         };
-        let stream = file_stream(js, stream_name(partition), format!("in.{partition}.>"))
+        let stream = file_stream(js, stream_name(partition), subjects(partition))
             .await
             .map_err(error)?;
-        let reader = reader_after(&stream, after).await.map_err(error)?;
-        Ok(Self { partition, reader })
+        let state = &stream.cached_info().state;
+        let first = state.first_sequence;
+        if first > after + 1 && state.last_sequence > after {
+            return Err(error(format!(
+                "the stream starts at position {first}, after the committed position {after}: messages {}..{} are gone (a limit or a purge removed them), so they were never evaluated",
+                after + 1,
+                first - 1
+            )));
+        }
+        Ok(Self {
+            partition,
+            stream,
+            reader: None,
+            position: after,
+        })
+    }
+
+    fn error(&self, detail: String) -> InputError {
+        InputError {
+            partition: self.partition,
+            stream: stream_name(self.partition),
+            detail,
+        }
     }
 
     /// Up to `max` fixes in partition order, waiting at most `wait` for
     /// the first. A message whose subject is not a mapped topic (put there
     /// by hand) comes with the subject as its topic, for the decoder to
-    /// refuse with a reason.
-    pub async fn next_batch(
-        &mut self,
-        max: usize,
-        wait: Duration,
-    ) -> Result<Vec<InputFix>, InputError> {
-        let error = |e: String| InputError {
-            partition: self.partition,
-            stream: stream_name(self.partition),
-            detail: e,
+    /// refuse with a reason. After an error the next call reads again from
+    /// the last position it returned.
+    pub async fn next_batch(&mut self, max: usize, wait: Duration) -> Result<InputBatch, InputError> {
+        let read = self.read(max, wait).await;
+        if read.is_err() {
+            self.reader = None;
+        }
+        read
+    }
+
+    async fn read(&mut self, max: usize, wait: Duration) -> Result<InputBatch, InputError> {
+        let reader = match &self.reader {
+            Some(reader) => reader,
+            None => {
+                let reader = reader_after(&self.stream, self.position)
+                    .await
+                    .map_err(|e| self.error(e))?;
+                self.reader.insert(reader)
+            }
         };
-        let mut batch = self
-            .reader
+        let mut messages = reader
             .fetch()
             .max_messages(max)
             .expires(wait)
             .messages()
             .await
-            .map_err(|e| error(e.to_string()))?;
-        let mut fixes = Vec::new();
-        while let Some(message) = batch.next().await {
-            let message = message.map_err(|e| error(e.to_string()))?;
-            let seq = message
-                .info()
-                .map_err(|e| error(e.to_string()))?
-                .stream_sequence;
+            .map_err(|e| self.error(e.to_string()))?;
+        let mut batch = InputBatch::default();
+        while let Some(message) = messages.next().await {
+            let message = message.map_err(|e| self.error(e.to_string()))?;
+            let info = message.info().map_err(|e| self.error(e.to_string()))?;
+            if info.stream_sequence <= self.position {
+                continue;
+            }
+            if batch.fixes.is_empty() && info.stream_sequence != self.position + 1 {
+                return Err(self.error(format!(
+                    "position {} follows {}: messages in between are gone (a limit or a purge removed them), so they were never evaluated",
+                    info.stream_sequence, self.position
+                )));
+            }
+            self.position = info.stream_sequence;
+            batch.behind = info.pending;
             let subject = message.message.subject.as_str();
-            fixes.push(InputFix {
-                seq,
+            batch.fixes.push(InputFix {
+                seq: info.stream_sequence,
                 topic: mqtt_topic(subject).unwrap_or_else(|| subject.to_owned()),
                 payload: message.message.payload.clone(),
+                stored_ms: (info.published.unix_timestamp_nanos() / 1_000_000) as i64,
             });
         }
-        Ok(fixes)
+        Ok(batch)
     }
+
+    /// The last position read.
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+}
+
+/// The subjects partition `partition`'s stream holds.
+pub fn subjects(partition: u32) -> String {
+    format!("in.{partition}.>")
 }
 
 #[cfg(test)]

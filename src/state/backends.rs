@@ -19,5 +19,9 @@ pub async fn open(config: &StateConfig, ctx: OpenContext) -> Result<Box<dyn Back
             Ok(Box::new(local::LocalBackend::start(opened, config, ctx)?))
         }
         StateBackend::Redis => Ok(Box::new(redis::RedisBackend::open(config, ctx).await?)),
+        // Its shards come and go with ownership: `scale_out` runs it.
+        StateBackend::Partitioned => Err(StateError::Shared(
+            "backend = \"partitioned\" runs through geogate's scale-out, not one fixed set of shards".into(),
+        )),
     }
 }

@@ -7,6 +7,7 @@
 //! name rather than silently ignored.
 
 use crate::problems::Problems;
+pub use crate::state::partitioned::config::PartitionedConfig;
 use crate::sink::config::FsyncPolicy;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -19,8 +20,11 @@ pub enum StateBackend {
     /// A SQLite file at `path` (see `state::embedded`).
     Embedded,
     /// Redis (a node or a Cluster) at `urls`, shared by every instance
-    /// (see `state::redis`).
+    /// (see `state::redis`). Retired: `config check` refuses it.
     Redis,
+    /// Ordered partitions in NATS JetStream at `urls`, one owner each
+    /// (see `state::partitioned`).
+    Partitioned,
 }
 
 impl StateBackend {
@@ -29,6 +33,7 @@ impl StateBackend {
             Self::Memory => "memory",
             Self::Embedded => "embedded",
             Self::Redis => "redis",
+            Self::Partitioned => "partitioned",
         }
     }
 }
@@ -50,6 +55,7 @@ pub struct StateConfig {
     pub accept_events_gap: bool,
     pub embedded: EmbeddedConfig,
     pub redis: RedisConfig,
+    pub partitioned: PartitionedConfig,
     /// The backend-specific keys the file set, to refuse those the chosen
     /// backend does not read.
     pub written: Vec<&'static str>,
@@ -64,6 +70,7 @@ impl Default for StateConfig {
             accept_events_gap: false,
             embedded: EmbeddedConfig::default(),
             redis: RedisConfig::default(),
+            partitioned: PartitionedConfig::default(),
             written: Vec::new(),
         }
     }
@@ -107,6 +114,13 @@ struct StateSection {
     partitions: Option<u32>,
     claim_idle_s: Option<f64>,
     timeout_ms: Option<u64>,
+    lease_term_s: Option<f64>,
+    snapshot_every: Option<u64>,
+    user: Option<String>,
+    password_file: Option<PathBuf>,
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
 }
 
 impl From<StateSection> for StateConfig {
@@ -125,10 +139,28 @@ impl From<StateSection> for StateConfig {
         set("partitions", s.partitions.is_some());
         set("claim_idle_s", s.claim_idle_s.is_some());
         set("timeout_ms", s.timeout_ms.is_some());
+        set("lease_term_s", s.lease_term_s.is_some());
+        set("snapshot_every", s.snapshot_every.is_some());
+        set("user", s.user.is_some());
+        set("password_file", s.password_file.is_some());
+        set("ca", s.ca.is_some());
+        set("cert", s.cert.is_some());
+        set("key", s.key.is_some());
         c.backend = s.backend.unwrap_or(c.backend);
         c.fsync = s.fsync.unwrap_or(c.fsync);
         let e = &mut c.embedded;
         e.path = s.path.unwrap_or_else(|| e.path.clone());
+        let p = &mut c.partitioned;
+        p.urls = s.urls.clone().unwrap_or_default();
+        p.partitions = s.partitions.unwrap_or(p.partitions);
+        p.timeout_ms = s.timeout_ms.unwrap_or(p.timeout_ms);
+        p.lease_term_s = s.lease_term_s.unwrap_or(p.lease_term_s);
+        p.snapshot_every = s.snapshot_every.unwrap_or(p.snapshot_every);
+        p.user = s.user;
+        p.password_file = s.password_file;
+        p.ca = s.ca;
+        p.cert = s.cert;
+        p.key = s.key;
         let r = &mut c.redis;
         r.urls = s.urls.unwrap_or_default();
         r.cluster = s.cluster.unwrap_or(r.cluster);
@@ -149,8 +181,9 @@ impl StateConfig {
         // in the file (switched to memory for a throwaway run) are harmless.
         let (reads, other): (&[&str], &str) = match self.backend {
             StateBackend::Memory => (&[], ""),
-            StateBackend::Embedded => (EmbeddedConfig::KEYS, "the redis backend"),
+            StateBackend::Embedded => (EmbeddedConfig::KEYS, "another backend"),
             StateBackend::Redis => (RedisConfig::KEYS, "the embedded backend's file"),
+            StateBackend::Partitioned => (PartitionedConfig::KEYS, "another backend"),
         };
         let foreign = self.written.iter().filter(|k| !reads.contains(k));
         for key in foreign.take_while(|_| self.backend != StateBackend::Memory) {
@@ -165,7 +198,11 @@ impl StateConfig {
         match self.backend {
             StateBackend::Memory => {}
             StateBackend::Embedded => self.embedded.check(events, dead_letter, problems),
-            StateBackend::Redis => self.redis.check(events, problems),
+            StateBackend::Redis => problems.add(
+                "state.backend",
+                "backend = \"redis\" is retired: several instances sharing vehicle state in Redis race each other's fixes and lose order (README, \"Migrating from the Redis state backend\"); use backend = \"partitioned\" to run several instances, or \"embedded\" for one",
+            ),
+            StateBackend::Partitioned => self.partitioned.check(events, problems),
         }
     }
 }

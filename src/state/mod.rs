@@ -73,6 +73,21 @@ pub struct Batch<'a> {
     /// finishes the work in flight. (A crash leaves them in the committed
     /// state instead, and the restart releases them.)
     pub closing: bool,
+    /// How far an ordered source (a partition's input) has been read with
+    /// this batch: committed with the batch's state. `None` for a source
+    /// that acks message by message (MQTT).
+    pub position: Option<SourcePosition>,
+}
+
+/// An ordered source's progress, committed with the state it produced.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SourcePosition {
+    /// The last position read, up to and including.
+    pub through: u64,
+    /// Messages read since the batch before.
+    pub read: u64,
+    /// Of them, refused before the state (undecodable, a wrong clock).
+    pub refused: u64,
 }
 
 /// A fix the state found late: older than its vehicle's last applied fix

@@ -113,6 +113,7 @@ pub async fn worker(mut rx: QueueReceiver, mut state: Box<dyn ShardState>, mut c
             fixes: &fixes,
             watermark: Some(watermark),
             closing: false,
+            position: None,
         };
         let applied = state.apply(input, done).await;
         drop(fixes);
@@ -135,6 +136,7 @@ async fn close(state: &mut dyn ShardState, ctx: &WorkerContext) {
         fixes: &[],
         watermark: Some(receive_now_ms()),
         closing: true,
+        position: None,
     };
     let _ = state.apply(last, done).await;
 }

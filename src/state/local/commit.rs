@@ -23,7 +23,7 @@ use crate::state::metrics::{
     STATE_COMMIT_BATCHES, STATE_COMMIT_DURATION_SECONDS, STATE_STORE_BYTES,
     TRANSITION_LATENCY_SECONDS,
 };
-use crate::state::{Completion, Outcomes};
+use crate::state::{Completion, Outcomes, SourcePosition};
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -109,7 +109,22 @@ pub struct CommitRequest {
     pub outcomes: Outcomes,
     /// The batch's fixes: its messages, for the log.
     pub fixes: usize,
+    /// How far an ordered source was read ([`crate::state::Batch::position`]).
+    pub position: Option<SourcePosition>,
     pub done: Box<dyn Completion>,
+}
+
+impl CommitRequest {
+    /// About how many bytes the request adds to a commit (a transition's
+    /// line is about 200).
+    pub fn estimated_bytes(&self) -> usize {
+        let records: usize = self
+            .vehicles
+            .iter()
+            .map(|(id, r)| id.len() + r.as_ref().map_or(0, Vec::len) + 4)
+            .sum();
+        records + self.held.bytes.len() + 256 * self.transitions.len()
+    }
 }
 
 pub struct Committer {

@@ -422,6 +422,7 @@ mod tests {
             fixes: &before,
             watermark: None,
             closing: false,
+            position: None,
         };
         shard
             .apply(batch, Box::new(Told(told.clone())))
@@ -447,6 +448,7 @@ mod tests {
             fixes: &after,
             watermark: None,
             closing: false,
+            position: None,
         };
         shard
             .apply(batch, Box::new(Told(told.clone())))
@@ -461,6 +463,7 @@ mod tests {
             fixes: &[],
             watermark: Some(3_000),
             closing: false,
+            position: None,
         };
         shard.apply(tick, Box::new(Told(told))).await.unwrap();
         assert_eq!(heard.recv().await.unwrap(), Outcomes::default());

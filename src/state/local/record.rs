@@ -164,7 +164,7 @@ impl<'a> Reader<'a> {
         self.at
     }
 
-    pub(crate) fn take(&mut self, n: usize) -> Result<&[u8], RecordError> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], RecordError> {
         let end = self
             .at
             .checked_add(n)

@@ -208,7 +208,8 @@ impl ShardState for LocalShard {
                 self.count(&transitions[before..], &mut outcomes);
                 self.window_fixes.set(0.0);
             }
-            if fixes == 0 && transitions.is_empty() && !self.evaluator.has_changes() {
+            let read = batch.position.is_some_and(|p| p.read > 0);
+            if fixes == 0 && !read && transitions.is_empty() && !self.evaluator.has_changes() {
                 // Nothing arrived and nothing fell due: nothing to commit.
                 done.complete(outcomes);
                 return Ok(());
@@ -219,6 +220,7 @@ impl ShardState for LocalShard {
                 transitions,
                 outcomes,
                 fixes,
+                position: batch.position,
                 done,
             };
             self.commits.send(request).await.map_err(|_| Stopped)

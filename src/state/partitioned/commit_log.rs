@@ -28,6 +28,7 @@ use crate::jetstream_link::{file_stream, reader_after};
 use async_nats::jetstream;
 use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::context::{GetStreamErrorKind, PublishErrorKind};
+use async_nats::jetstream::stream::LastRawMessageErrorKind;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use std::time::Duration;
@@ -149,10 +150,58 @@ impl CommitLog {
     pub fn last(&self) -> u64 {
         self.last
     }
+
+    /// Removes every commit before `seq`, the first part of a snapshot
+    /// whose every part is in the log: a new owner reads from there.
+    pub async fn purge_before(&self, seq: u64) -> Result<(), PartitionError> {
+        let partition = self.partition;
+        let stream = self
+            .js
+            .get_stream_no_info(stream_name(partition))
+            .await
+            .map_err(|e| engine(partition, e))?;
+        stream
+            .purge()
+            .sequence(seq)
+            .await
+            .map_err(|e| engine(partition, e))?;
+        Ok(())
+    }
+}
+
+/// The partition's last commit; `None` for a log that is new or empty.
+pub async fn last_commit(
+    js: &jetstream::Context,
+    partition: u32,
+) -> Result<Option<Commit>, PartitionError> {
+    let stream = match js.get_stream_no_info(stream_name(partition)).await {
+        Ok(stream) => stream,
+        Err(e)
+            if matches!(e.kind(), GetStreamErrorKind::JetStream(ref js)
+                if js.error_code() == ErrorCode::STREAM_NOT_FOUND) =>
+        {
+            return Ok(None);
+        }
+        Err(e) => return Err(engine(partition, e)),
+    };
+    match stream
+        .get_last_raw_message_by_subject(&subject(partition))
+        .await
+    {
+        Ok(last) => Ok(Some(Commit {
+            seq: last.sequence,
+            body: last.payload,
+        })),
+        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) => Err(engine(partition, e)),
+    }
 }
 
 /// Every commit in the partition's log after sequence `after`, oldest
-/// first (none if the log does not exist yet).
+/// first (none if the log does not exist yet). The first must be the one
+/// right after `after`: a log that starts later lost commits (a purge
+/// by an owner that has since written a snapshot), and the caller reads
+/// again from that snapshot.
 pub async fn read_after(
     js: &jetstream::Context,
     partition: u32,
@@ -196,6 +245,13 @@ pub async fn read_after(
                 .info()
                 .map_err(|e| engine(partition, e))?
                 .stream_sequence;
+            if commits.is_empty() && seq != after + 1 {
+                return Err(PartitionError::Gap {
+                    partition,
+                    expected: after + 1,
+                    found: seq,
+                });
+            }
             commits.push(Commit {
                 seq,
                 body: message.message.payload.clone(),

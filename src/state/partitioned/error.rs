@@ -9,6 +9,20 @@ pub enum PartitionError {
     Deposed { partition: u32, expected: u64 },
     #[error("partition {partition}: its lease was taken by another instance")]
     LeaseLost { partition: u32 },
+    #[error(
+        "partition {partition}: the commit log starts at {found}, not {expected}: commits before a snapshot were removed while this instance read them"
+    )]
+    Gap {
+        partition: u32,
+        expected: u64,
+        found: u64,
+    },
+    #[error("partition {partition}: commit {seq} cannot be read: {detail}")]
+    Unreadable {
+        partition: u32,
+        seq: u64,
+        detail: String,
+    },
     #[error("partition {partition}: {what}: {detail}")]
     Engine {
         partition: u32,
