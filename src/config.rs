@@ -159,15 +159,34 @@ impl Config {
             &mut problems,
         );
         self.metrics.check(&mut problems);
-        if self.state.backend == StateBackend::Redis
-            && self.pipeline.reorder_window_ms.is_some_and(|w| w > 0)
-        {
-            problems.add(
-                "pipeline.reorder_window_ms",
-                "the redis state backend applies each fix on arrival and has no reorder window; leave it unset (or 0), or use state.backend = \"embedded\"",
-            );
+        if self.state.backend == StateBackend::Partitioned {
+            self.check_partitioned(&mut problems);
         }
         problems.into_vec()
+    }
+
+    /// What a partitioned instance needs of the other sections: a name the
+    /// engine's subjects can carry, and outputs it has.
+    fn check_partitioned(&self, problems: &mut Problems) {
+        let id = &self.mqtt.client_id;
+        if id.is_empty()
+            || !id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            problems.add(
+                "mqtt.client_id",
+                format!(
+                    "{id:?}: with backend = \"partitioned\" it names this instance among the fleet's owners, in the engine's subjects: use letters, digits, - and _ only, and a name no other instance has"
+                ),
+            );
+        }
+        if self.events.mqtt || self.events.webhook.is_some() {
+            problems.add(
+                "events",
+                "with backend = \"partitioned\" transitions go to the engine's GEOGATE_EVENTS stream (README, \"Running several instances\"); events.mqtt and [events.webhook] send from this instance's events file, which it does not write",
+            );
+        }
     }
 
     /// The membership rules' settings: the fences' own, and the reorder
@@ -177,7 +196,6 @@ impl Config {
             .pipeline
             .reorder_window_ms
             .unwrap_or(match self.state.backend {
-                StateBackend::Redis => 0,
                 _ => crate::pipeline::config::DEFAULT_REORDER_WINDOW_MS,
             });
         crate::geofence::EvaluatorSettings {

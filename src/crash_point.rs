@@ -22,7 +22,11 @@
 //! taken from a stream, not yet written), `outbox.written` (lines written,
 //! the entries not yet acked, nor handed to the publisher), and
 //! `relay.mid_line` and `relay.before_mqtt_cursor` as above (the events
-//! file's writer and the publisher are shared by every backend).
+//! file's writer and the publisher are shared by every backend). With the
+//! partitioned backend: `partition.committed` (a commit in the log, its
+//! transitions not yet in the events stream), `partition.published` (in
+//! the stream, the batches not yet completed) and `partition.snapshot` (a
+//! snapshot's part in the log, the rest not).
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -10,6 +10,8 @@
 //! * [`pipeline`]: wiring, the shard router and workers, the accounting;
 //! * [`geofence`]: fences, the index, exact containment, enter/exit state;
 //! * [`state`]: per-vehicle state and the outbox, across crashes;
+//! * [`scale_out`]: several instances on ordered partitions, one owner
+//!   each;
 //! * [`sink`]: dead letter and transitions out, and how they fail;
 //! * [`replay`]: captures, record, live and virtual replay, synth;
 //! * [`lab`], [`report`], [`cli`]: what the commands show;
@@ -38,6 +40,7 @@ pub mod replay;
 pub mod report;
 pub mod runtime;
 pub mod sampling;
+pub mod scale_out;
 pub mod service;
 pub mod shutdown;
 pub mod sink;

@@ -17,9 +17,9 @@ use crate::codec::Dedup;
 use crate::config::Config;
 use crate::delivery::Outputs;
 use crate::delivery::webhook::WebhookTarget;
-use crate::geofence::{
-    EvaluatorSettings, FenceErrors, FenceIndex, fingerprint, parse_fences, read_fence_file,
-};
+use crate::geofence::FenceErrors;
+pub use crate::geofence::reload::FenceReloader;
+use crate::geofence::reload::LiveFences;
 use crate::pipeline::accounting::{Accounting, Balance};
 use crate::pipeline::metrics::{EVENTS_IN_QUEUE, QUEUE_DEPTH, QUEUE_WATERMARK};
 use crate::pipeline::{decode, shard};
@@ -59,31 +59,6 @@ pub enum ServiceError {
     Config(String),
     #[error("mqtt: {0}")]
     Mqtt(std::io::Error),
-}
-
-/// Handle for reloading fences while the pipeline runs.
-#[derive(Clone)]
-pub struct FenceReloader {
-    path: std::path::PathBuf,
-    tx: Arc<watch::Sender<Arc<FenceIndex>>>,
-    /// The loaded set's fingerprint, for instances sharing state.
-    fingerprint: Arc<watch::Sender<String>>,
-    settings: EvaluatorSettings,
-}
-
-impl FenceReloader {
-    /// Loads the fence file again. On success every worker swaps to the new
-    /// index before its next batch; on failure the old fences stay and the
-    /// errors are returned (and logged by the caller).
-    pub fn reload(&self) -> Result<usize, FenceErrors> {
-        let text = read_fence_file(&self.path)?;
-        let fences = parse_fences(&text)?;
-        let count = fences.len();
-        self.tx.send_replace(Arc::new(FenceIndex::new(fences)));
-        self.fingerprint
-            .send_replace(fingerprint(&text, &self.settings));
-        Ok(count)
-    }
 }
 
 /// A read-only view of a running pipeline, for progress displays.
@@ -151,17 +126,11 @@ pub async fn run(
     on_ready: impl FnOnce(FenceReloader, PipelineView),
 ) -> Result<Balance, ServiceError> {
     let settings = config.evaluator_settings();
-    let fence_text = read_fence_file(&config.fences.path)?;
-    let fences = parse_fences(&fence_text)?;
-    tracing::info!(fences = fences.len(), "fences loaded");
-    let (fence_tx, fence_rx) = watch::channel(Arc::new(FenceIndex::new(fences)));
-    let (fingerprint_tx, fingerprint_rx) = watch::channel(fingerprint(&fence_text, &settings));
-    let reloader = FenceReloader {
-        path: config.fences.path.clone(),
-        tx: Arc::new(fence_tx),
-        fingerprint: Arc::new(fingerprint_tx),
-        settings,
-    };
+    let LiveFences {
+        reloader,
+        index: fence_rx,
+        fingerprint: fingerprint_rx,
+    } = FenceReloader::load(&config.fences.path, settings)?;
 
     let dl = &config.dead_letter;
     let (dead_letter, recovery) = DeadLetterSink::open(&dl.path, dl.rotate_bytes, dl.fsync)

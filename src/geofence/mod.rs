@@ -18,6 +18,7 @@ mod packed_cells;
 mod position;
 mod prefetch;
 pub mod probe;
+pub mod reload;
 pub mod ring;
 pub mod shape;
 mod vehicle_slots;

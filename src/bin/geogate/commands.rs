@@ -231,3 +231,41 @@ pub fn lab_trace(gate: GateSpec, path: PathBuf, format: Format) -> Result<ExitCo
     }
     Ok(ExitCode::SUCCESS)
 }
+
+pub fn partitions_status(config_path: PathBuf, format: Format) -> Result<ExitCode> {
+    let config = Config::load(&config_path)
+        .with_context(|| format!("{}", config_path.display()))?;
+    if config.state.backend != geogate::config::StateBackend::Partitioned {
+        bail!(
+            "{}: [state] backend is not \"partitioned\": there are no partitions to show",
+            config_path.display()
+        );
+    }
+    let runtime = tokio::runtime::Runtime::new()?;
+    let rows = runtime.block_on(geogate::scale_out::status::read(&config.state.partitioned))?;
+    match format {
+        Format::Json => print_json(&rows)?,
+        Format::Text => {
+            println!(
+                "{:>9}  {:<16} {:>10} {:>10} {:>8} {:>9} {:>7} {:>6} {:>6} {:>6}",
+                "partition", "owner", "input", "committed", "lag", "evaluated", "refused", "late", "enters", "exits"
+            );
+            for r in &rows {
+                println!(
+                    "{:>9}  {:<16} {:>10} {:>10} {:>8} {:>9} {:>7} {:>6} {:>6} {:>6}",
+                    r.partition,
+                    r.holder.as_deref().unwrap_or("-"),
+                    r.input_last,
+                    r.committed,
+                    r.lag,
+                    r.totals.evaluated + r.totals.held,
+                    r.totals.refused,
+                    r.totals.late,
+                    r.totals.enters,
+                    r.totals.exits
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

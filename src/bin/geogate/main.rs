@@ -101,6 +101,9 @@ enum Command {
     /// Validate a configuration file.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// The partitions of a fleet run with `[state] backend = "partitioned"`.
+    #[command(subcommand)]
+    Partitions(PartitionsCommand),
     /// Evaluate a file of positions (native NDJSON) against fences offline.
     Eval {
         #[arg(long)]
@@ -242,6 +245,18 @@ enum ConfigCommand {
 }
 
 #[derive(Subcommand)]
+enum PartitionsCommand {
+    /// Each partition's owner, input, committed position, lag and totals,
+    /// read from the engine.
+    Status {
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long, value_enum, default_value_t = Format::Text)]
+        format: Format,
+    },
+}
+
+#[derive(Subcommand)]
 enum FencesCommand {
     /// Report every invalid feature at once, or a summary of a valid file.
     Check {
@@ -316,6 +331,9 @@ fn main() -> Result<ExitCode> {
             format,
         }) => commands::lab_trace(gate, trace, format),
         Command::Config(ConfigCommand::Check { file, format }) => config_check(file, format),
+        Command::Partitions(PartitionsCommand::Status { config, format }) => {
+            commands::partitions_status(config, format)
+        }
         Command::Config(ConfigCommand::Example) => {
             print!("{}", geogate::cli::demo::BUNDLED_CONFIG);
             Ok(ExitCode::SUCCESS)
@@ -422,10 +440,9 @@ fn run(
             return Ok(ExitCode::from(2));
         }
     };
-    if reset_state && config.state.backend == geogate::config::StateBackend::Redis {
+    if reset_state && config.state.backend == geogate::config::StateBackend::Partitioned {
         eprintln!(
-            "--reset-state empties the embedded state file; the redis backend's state is shared by every instance, so it is never reset by one: delete the keys under prefix {:?} in Redis if that is what you mean",
-            config.state.redis.prefix
+            "--reset-state empties the embedded state file; a partitioned fleet's state is in the engine, shared by every instance, so it is never reset by one"
         );
         return Ok(ExitCode::from(2));
     }
@@ -446,6 +463,13 @@ fn run(
             let addr = config.metrics.listen.parse().context("metrics.listen")?;
             geogate::metrics::install(addr)?;
             tracing::info!("metrics on http://{addr}/metrics");
+        }
+        if config.state.backend == geogate::config::StateBackend::Partitioned {
+            geogate::scale_out::run(config, shutdown, |reloader| {
+                tokio::spawn(reload_on_sighup(reloader, hangup));
+            })
+            .await?;
+            return Ok(ExitCode::SUCCESS);
         }
         let balance = geogate::service::run(config, shutdown, |reloader, _view| {
             tokio::spawn(reload_on_sighup(reloader, hangup));
@@ -492,7 +516,7 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 /// for the reason `shutdown_signal` gives: a SIGHUP's default action ends
 /// the process); a bad file keeps the old fences.
 async fn reload_on_sighup(
-    reloader: geogate::service::FenceReloader,
+    reloader: geogate::geofence::reload::FenceReloader,
     hangup: std::io::Result<tokio::signal::unix::Signal>,
 ) {
     let Ok(mut hup) = hangup else {

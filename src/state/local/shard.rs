@@ -64,17 +64,27 @@ impl LocalShard {
 
     /// Takes the batch's fixes in order, then whatever falls due by the
     /// watermark; returns what they came to and the transitions they
-    /// produced.
+    /// produced. With `release_each` (an ordered source, whose receive
+    /// clock is the log's), what falls due by each fix's receive time is
+    /// released before the fix is taken: then where a batch ends changes
+    /// nothing, and an owner that reads the log in other batches decides
+    /// the same.
     fn evaluate(
         &mut self,
         fixes: &[Fix<'_>],
         watermark: Option<i64>,
+        release_each: bool,
     ) -> (Outcomes, Vec<Transition>) {
         let mut outcomes = Outcomes::default();
         let mut transitions = Vec::new();
         // `Some` when the batch's fences were looked up together.
         let lookup_share = self.cover_if_large(fixes);
         for (i, fix) in fixes.iter().enumerate() {
+            if release_each {
+                let before = transitions.len();
+                outcomes.released += self.evaluator.release_due(fix.received_ms, &mut transitions);
+                self.count(&transitions[before..], &mut outcomes);
+            }
             let before = transitions.len();
             let timed = self
                 .evaluations
@@ -101,7 +111,7 @@ impl LocalShard {
         }
         if let Some(watermark) = watermark {
             let before = transitions.len();
-            outcomes.released = self.evaluator.release_due(watermark, &mut transitions);
+            outcomes.released += self.evaluator.release_due(watermark, &mut transitions);
             outcomes.expired = self.evaluator.expire_idle(watermark, &mut transitions) as u64;
             self.count(&transitions[before..], &mut outcomes);
             self.expired.increment(outcomes.expired);
@@ -201,7 +211,9 @@ impl ShardState for LocalShard {
                 self.evaluator.swap_index(index);
             }
             let fixes = batch.fixes.len();
-            let (mut outcomes, mut transitions) = self.evaluate(batch.fixes, batch.watermark);
+            let release_each = batch.position.is_some();
+            let (mut outcomes, mut transitions) =
+                self.evaluate(batch.fixes, batch.watermark, release_each);
             if batch.closing {
                 let before = transitions.len();
                 outcomes.released += self.evaluator.release_all(&mut transitions);

@@ -174,16 +174,10 @@ pub async fn last_commit(
     js: &jetstream::Context,
     partition: u32,
 ) -> Result<Option<Commit>, PartitionError> {
-    let stream = match js.get_stream_no_info(stream_name(partition)).await {
-        Ok(stream) => stream,
-        Err(e)
-            if matches!(e.kind(), GetStreamErrorKind::JetStream(ref js)
-                if js.error_code() == ErrorCode::STREAM_NOT_FOUND) =>
-        {
-            return Ok(None);
-        }
-        Err(e) => return Err(engine(partition, e)),
-    };
+    let stream = js
+        .get_stream_no_info(stream_name(partition))
+        .await
+        .map_err(|e| engine(partition, e))?;
     match stream
         .get_last_raw_message_by_subject(&subject(partition))
         .await
@@ -192,8 +186,15 @@ pub async fn last_commit(
             seq: last.sequence,
             body: last.payload,
         })),
-        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
-        Err(e) => Err(engine(partition, e)),
+        Err(e) => match e.kind() {
+            LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            LastRawMessageErrorKind::JetStream(e)
+                if e.error_code() == ErrorCode::STREAM_NOT_FOUND =>
+            {
+                Ok(None)
+            }
+            _ => Err(engine(partition, e)),
+        },
     }
 }
 

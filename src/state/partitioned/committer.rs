@@ -55,7 +55,9 @@ impl PartitionCommitter {
             let body = self.body_of(&group);
             let seq = self.append(&body).await?;
             self.apply(seq, &body)?;
+            crate::crash_point::reached("partition.committed");
             self.publish_committed().await?;
+            crate::crash_point::reached("partition.published");
             for request in group {
                 request.done.complete(request.outcomes);
             }
@@ -178,6 +180,7 @@ impl PartitionCommitter {
             let seq = self.append(part).await?;
             first.get_or_insert(seq);
             self.apply(seq, part)?;
+            crate::crash_point::reached("partition.snapshot");
         }
         if let Some(first) = first {
             // A commit naming the snapshot as base before the log under it
