@@ -112,6 +112,7 @@ pub async fn run(
         snapshot_every: pc.snapshot_every,
         per_fence_labels: config.metrics.per_fence_labels,
         dead_letters,
+        sustained_rate: config.pipeline.sustained_rate,
     };
     metrics::gauge!(PARTITIONS).set(f64::from(pc.partitions));
     for p in 0..pc.partitions {

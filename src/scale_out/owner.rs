@@ -54,6 +54,9 @@ pub struct OwnerContext {
     pub snapshot_every: u64,
     pub per_fence_labels: bool,
     pub dead_letters: DeadLetters,
+    /// Fixes per second at most (`pipeline.sustained_rate`; 0: no cap):
+    /// models a slower evaluator, as it does for a shard worker.
+    pub sustained_rate: f64,
 }
 
 /// Owns `partition` until `stop` is set, or another owner is found to
@@ -133,12 +136,24 @@ pub async fn own(
     let lag = metrics::gauge!(PARTITION_LAG_MESSAGES, "partition" => partition.to_string());
     let mut last_watermark = i64::MIN;
     let mut stop_read = stop.clone();
+    let (batch_max, pace) = if ctx.sustained_rate > 0.0 {
+        // A tenth of a second's fixes a batch, so the pace is smooth.
+        let n = (ctx.sustained_rate / 10.0).clamp(1.0, BATCH_MAX as f64);
+        (n as usize, Some(Duration::from_secs_f64(n / ctx.sustained_rate)))
+    } else {
+        (BATCH_MAX, None)
+    };
+    let mut next_slot = tokio::time::Instant::now();
     loop {
         if *stop_read.borrow() {
             break;
         }
+        if let Some(pace) = pace {
+            tokio::time::sleep_until(next_slot).await;
+            next_slot = next_slot.max(tokio::time::Instant::now()) + pace;
+        }
         let read = tokio::select! {
-            read = input.next_batch(BATCH_MAX, IDLE_TICK) => read,
+            read = input.next_batch(batch_max, IDLE_TICK) => read,
             _ = stop_read.changed() => continue,
         };
         let batch = match read {

@@ -318,7 +318,7 @@ listen = "127.0.0.1:{metrics_port}"
         self.child.as_ref().expect("running").id()
     }
 
-    fn signal(&self, sig: &str) {
+    pub fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
             .args([sig, &self.pid().to_string()])
             .status()
@@ -338,9 +338,15 @@ listen = "127.0.0.1:{metrics_port}"
     /// Starts the process again with the same config (after [`Self::kill`]
     /// or [`Self::terminate`]), and waits for its subscription.
     pub fn restart(&mut self) {
+        self.restart_until("subscribed");
+    }
+
+    /// Starts the process again and waits until its log says `needle`
+    /// once more.
+    pub fn restart_until(&mut self, needle: &str) {
         let before = std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default();
         self.spawn();
-        self.wait_for_log("subscribed", before.matches("subscribed").count() + 1);
+        self.wait_for_log(needle, before.matches(needle).count() + 1);
     }
 
     /// Starts the process again without waiting for a connection (for a
