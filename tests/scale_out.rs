@@ -298,3 +298,140 @@ fn three_instances_draining_a_queued_backlog_emit_what_one_does() {
     stop_all(&mut all);
     assert_exact(&engine, &want, "three instances");
 }
+
+/// SIGKILL at each named point of an owner's commit cycle, mid-drain: a
+/// commit in the log but not in the events stream, in the stream but its
+/// batches not completed, and a snapshot half written. The others take the
+/// victim's partitions over a lease term later and finish exactly.
+#[test]
+fn an_owner_sigkilled_mid_drain_is_taken_over_exactly() {
+    let _guard = exclusive();
+    let Some(engine) = engine() else { return };
+    let want = reference(&engine);
+    for point in [
+        "partition.committed:6",
+        "partition.published:9",
+        "partition.snapshot:2",
+    ] {
+        let dirs = dirs(3);
+        let mut all = instances(&engine, &dirs, SLOW);
+        all[1].set_crash_point(Some(point));
+        all.iter_mut().for_each(start);
+        all[1].wait_for_crash_point();
+        // The fault hits work in flight: the victim holds partitions, and
+        // the backlog is not drained.
+        assert!(held_by(&engine, "g1") > 0, "{point}: the victim owns partitions");
+        assert!(engine.committed() < engine.input(), "{point}: mid-drain");
+        all[1].kill();
+        engine.wait_drained();
+        assert_eq!(held_by(&engine, "g1"), 0, "{point}: its partitions moved");
+        stop_all(&mut [all.remove(0), all.remove(1)]);
+        assert_exact(&engine, &want, point);
+        engine.wipe();
+    }
+}
+
+/// A fourth instance joins mid-drain: partitions move to it (each finished
+/// by its owner, then released) and the result is exact.
+#[test]
+fn an_instance_joining_mid_drain_takes_partitions_exactly() {
+    let _guard = exclusive();
+    let Some(engine) = engine() else { return };
+    let want = reference(&engine);
+    let dirs = dirs(4);
+    let mut all = instances(&engine, &dirs, SLOW);
+    for p in &mut all[..3] {
+        start(p);
+    }
+    wait_progress(&engine, 0.2, 0.7);
+    start(&mut all[3]);
+    engine.wait_drained();
+    assert!(held_by(&engine, "g3") > 0, "the newcomer owns partitions");
+    let handed = all[..3]
+        .iter()
+        .map(|p| p.series("geogate_partition_ownership_changes_total{change=\"handed_off\"}"))
+        .sum::<f64>();
+    assert!(handed >= 1.0, "partitions were handed over to it");
+    stop_all(&mut all);
+    assert_exact(&engine, &want, "a join mid-drain");
+}
+
+/// An owner SIGSTOPped past its lease: the others take its partitions
+/// over; SIGCONTed, it finds its leases taken, steps down, and nothing it
+/// still tried to write got in.
+#[test]
+fn an_owner_paused_past_its_lease_steps_down_and_writes_nothing() {
+    let _guard = exclusive();
+    let Some(engine) = engine() else { return };
+    let want = reference(&engine);
+    let dirs = dirs(3);
+    let mut all = instances(&engine, &dirs, SLOW);
+    all.iter_mut().for_each(start);
+    wait_progress(&engine, 0.2, 0.6);
+    let victim = (0..3)
+        .find(|i| held_by(&engine, &format!("g{i}")) > 0)
+        .unwrap();
+    let name = format!("g{victim}");
+    all[victim].signal("-STOP");
+    wait_until(30, "the paused owner's partitions taken over", || {
+        held_by(&engine, &name) == 0
+    });
+    let moved_on = engine.committed();
+    wait_until(30, "the new owners at work", || engine.committed() > moved_on);
+    all[victim].signal("-CONT");
+    all[victim].wait_for_log("stepping down", 1);
+    engine.wait_drained();
+    // It counted each partition lost; once back among the live, it may
+    // be handed some again, as any joining instance is.
+    let lost = all[victim].series("geogate_partition_ownership_changes_total{change=\"lost\"}");
+    assert!(lost >= 1.0, "the paused owner counted its partitions lost");
+    eprintln!(
+        "fenced writes refused to the paused owner: {}",
+        all[victim].metric("geogate_partition_fenced_writes_total")
+    );
+    stop_all(&mut all);
+    assert_exact(&engine, &want, "a paused owner");
+}
+
+/// Every instance restarted in turn (SIGTERM, start) mid-drain.
+#[test]
+fn a_rolling_restart_mid_drain_is_exact() {
+    let _guard = exclusive();
+    let Some(engine) = engine() else { return };
+    let want = reference(&engine);
+    let dirs = dirs(3);
+    let mut all = instances(&engine, &dirs, "sustained_rate = 60");
+    all.iter_mut().for_each(start);
+    wait_progress(&engine, 0.1, 0.4);
+    for p in &mut all {
+        let (ok, _) = p.stop();
+        assert!(ok, "a graceful leave");
+        start(p);
+    }
+    assert!(engine.committed() < engine.input(), "restarted mid-drain");
+    engine.wait_drained();
+    stop_all(&mut all);
+    assert_exact(&engine, &want, "a rolling restart");
+}
+
+/// The engine's server SIGKILLed and started again mid-drain: the
+/// instances reconnect and finish exactly.
+#[test]
+fn the_engine_restarted_mid_drain_changes_nothing() {
+    let _guard = exclusive();
+    let Some(mut engine) = engine() else { return };
+    let want = reference(&engine);
+    let dirs = dirs(3);
+    let mut all = instances(&engine, &dirs, SLOW);
+    all.iter_mut().for_each(start);
+    wait_progress(&engine, 0.2, 0.6);
+    engine.nats.stop();
+    std::thread::sleep(Duration::from_secs(1));
+    engine.nats.start_again();
+    engine.js = engine.runtime.block_on(async {
+        jetstream::new(async_nats::connect(engine.nats.url()).await.expect("connect"))
+    });
+    engine.wait_drained();
+    stop_all(&mut all);
+    assert_exact(&engine, &want, "an engine restart");
+}
