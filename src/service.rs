@@ -23,6 +23,7 @@ use crate::geofence::reload::LiveFences;
 use crate::pipeline::accounting::{Accounting, Balance};
 use crate::pipeline::metrics::{EVENTS_IN_QUEUE, QUEUE_DEPTH, QUEUE_WATERMARK};
 use crate::pipeline::{decode, shard};
+use crate::redis_link::RedisSecurity;
 use crate::shutdown::DrainControl;
 use crate::sink::dead_letter::{DeadLetterSink, Recovery};
 use crate::source::Completions;
@@ -251,19 +252,29 @@ pub async fn run(
     let clock = MonotonicClock::new();
     // The global allowance's refiller runs beside the router, which never
     // waits on Redis: it spends from the reserve the refiller fills.
-    let global = config.gate.global.as_ref().map(|g| {
-        let allowance = Arc::new(GlobalAllowance::new(g.cost, g.reserve, g.fail_mode));
-        let refiller = tokio::spawn(crate::allowance::refill(
-            allowance.clone(),
-            SharedBucket::new(&g.key, g.rate, g.burst, g.cost),
-            RedisTarget {
-                urls: g.urls.clone(),
-                cluster: g.cluster,
-                timeout: Duration::from_millis(g.timeout_ms),
-            },
-        ));
-        (allowance, refiller)
-    });
+    let global = match config.gate.global.as_ref() {
+        Some(g) => {
+            let security = RedisSecurity::load(
+                g.ca.as_deref(),
+                g.user.as_deref(),
+                g.password_file.as_deref(),
+            )
+            .map_err(|e| ServiceError::Config(format!("gate.global: {e}")))?;
+            let allowance = Arc::new(GlobalAllowance::new(g.cost, g.reserve, g.fail_mode));
+            let refiller = tokio::spawn(crate::allowance::refill(
+                allowance.clone(),
+                SharedBucket::new(&g.key, g.rate, g.burst, g.cost),
+                RedisTarget {
+                    urls: g.urls.clone(),
+                    cluster: g.cluster,
+                    timeout: Duration::from_millis(g.timeout_ms),
+                    security,
+                },
+            ));
+            Some((allowance, refiller))
+        }
+        None => None,
+    };
     let mut restored = shard::split_by_shard(backend.take_restored(), shard_count).into_iter();
     let mut inputs = Vec::with_capacity(shard_count);
     let mut queues = Vec::with_capacity(shard_count);

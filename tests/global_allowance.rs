@@ -11,9 +11,14 @@ use std::time::{Duration, Instant};
 use support::redis::Redis;
 
 async fn link(redis: &Redis) -> RedisLink {
-    RedisLink::connect(&[redis.url()], false, Duration::from_secs(2))
-        .await
-        .expect("connect to the test redis")
+    RedisLink::connect(
+        &[redis.url()],
+        false,
+        Duration::from_secs(2),
+        &Default::default(),
+    )
+    .await
+    .expect("connect to the test redis")
 }
 
 /// The reference text's worked example (capacity 20, 5 tokens/s): a full

@@ -56,7 +56,9 @@ fn engine() -> Option<Engine> {
     // them at start).
     engine
         .runtime
-        .block_on(geogate::scale_out::engine::make_inputs(&engine.js, PARTITIONS))
+        .block_on(geogate::scale_out::engine::make_inputs(
+            &engine.js, PARTITIONS,
+        ))
         .expect("input streams");
     let mqtt = engine.nats.mqtt_port.unwrap();
     let fleet: Vec<_> = (0..ROUNDS)
@@ -154,12 +156,19 @@ impl Engine {
                     };
                     let (p, commit) = (header(PARTITION_HEADER) as u32, header(COMMIT_HEADER));
                     let (last_seq, last_commit) = seqs.entry(p).or_default();
-                    assert!(commit > *last_commit, "partition {p}: commit {commit} after {last_commit}");
+                    assert!(
+                        commit > *last_commit,
+                        "partition {p}: commit {commit} after {last_commit}"
+                    );
                     *last_commit = commit;
                     for line in m.payload.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
                         let e: serde_json::Value = serde_json::from_slice(line).unwrap();
                         let seq = e["seq"].as_u64().unwrap();
-                        assert_eq!(seq, *last_seq + 1, "partition {p}: seq {seq} after {last_seq}");
+                        assert_eq!(
+                            seq,
+                            *last_seq + 1,
+                            "partition {p}: seq {seq} after {last_seq}"
+                        );
                         *last_seq = seq;
                         lines.push(e);
                     }
@@ -170,7 +179,10 @@ impl Engine {
             }
             let mut ids = HashSet::new();
             for e in &lines {
-                assert!(ids.insert(e["id"].as_str().unwrap().to_owned()), "id twice: {e}");
+                assert!(
+                    ids.insert(e["id"].as_str().unwrap().to_owned()),
+                    "id twice: {e}"
+                );
             }
             lines
         })
@@ -232,16 +244,28 @@ fn reference(engine: &Engine) -> (Multiset, u64) {
     let (ok, _) = one.stop();
     assert!(ok, "the reference stopped cleanly");
     let want = multiset(&engine.events());
-    assert!(want.len() > 300 && want.values().all(|ids| ids.len() == 1), "{}", want.len());
+    assert!(
+        want.len() > 300 && want.values().all(|ids| ids.len() == 1),
+        "{}",
+        want.len()
+    );
     let late = engine.late();
-    assert_eq!(late, (VEHICLES / LATE_EVERY) as u64, "the late fixes are late");
+    assert_eq!(
+        late,
+        (VEHICLES / LATE_EVERY) as u64,
+        "the late fixes are late"
+    );
     engine.wipe();
     (want, late)
 }
 
 fn assert_exact(engine: &Engine, want: &(Multiset, u64), what: &str) {
     let got = multiset(&engine.events());
-    assert!(got == want.0, "{what}: not the reference:\n{}", diff(&got, &want.0));
+    assert!(
+        got == want.0,
+        "{what}: not the reference:\n{}",
+        diff(&got, &want.0)
+    );
     assert_eq!(engine.late(), want.1, "{what}: late fixes");
 }
 
@@ -293,8 +317,16 @@ fn three_instances_draining_a_queued_backlog_emit_what_one_does() {
     let mut all = instances(&engine, &dirs, SLOW);
     all.iter_mut().for_each(start);
     engine.wait_drained();
-    let owners: HashSet<String> = engine.status().into_iter().filter_map(|s| s.holder).collect();
-    assert_eq!(owners.len(), 3, "every instance owns partitions: {owners:?}");
+    let owners: HashSet<String> = engine
+        .status()
+        .into_iter()
+        .filter_map(|s| s.holder)
+        .collect();
+    assert_eq!(
+        owners.len(),
+        3,
+        "every instance owns partitions: {owners:?}"
+    );
     stop_all(&mut all);
     assert_exact(&engine, &want, "three instances");
 }
@@ -320,7 +352,10 @@ fn an_owner_sigkilled_mid_drain_is_taken_over_exactly() {
         all[1].wait_for_crash_point();
         // The fault hits work in flight: the victim holds partitions, and
         // the backlog is not drained.
-        assert!(held_by(&engine, "g1") > 0, "{point}: the victim owns partitions");
+        assert!(
+            held_by(&engine, "g1") > 0,
+            "{point}: the victim owns partitions"
+        );
         assert!(engine.committed() < engine.input(), "{point}: mid-drain");
         all[1].kill();
         engine.wait_drained();
@@ -377,7 +412,9 @@ fn an_owner_paused_past_its_lease_steps_down_and_writes_nothing() {
         held_by(&engine, &name) == 0
     });
     let moved_on = engine.committed();
-    wait_until(30, "the new owners at work", || engine.committed() > moved_on);
+    wait_until(30, "the new owners at work", || {
+        engine.committed() > moved_on
+    });
     all[victim].signal("-CONT");
     all[victim].wait_for_log("stepping down", 1);
     engine.wait_drained();
@@ -429,7 +466,11 @@ fn the_engine_restarted_mid_drain_changes_nothing() {
     std::thread::sleep(Duration::from_secs(1));
     engine.nats.start_again();
     engine.js = engine.runtime.block_on(async {
-        jetstream::new(async_nats::connect(engine.nats.url()).await.expect("connect"))
+        jetstream::new(
+            async_nats::connect(engine.nats.url())
+                .await
+                .expect("connect"),
+        )
     });
     engine.wait_drained();
     stop_all(&mut all);

@@ -33,6 +33,15 @@ pub struct GlobalAllowanceConfig {
     /// For each connect and each reply, in milliseconds.
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
+    /// The CA that signed the server's certificate, for `rediss://` URLs
+    /// (the system's roots otherwise).
+    #[serde(default)]
+    pub ca: Option<std::path::PathBuf>,
+    /// An ACL user, and a file holding its password.
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub password_file: Option<std::path::PathBuf>,
 }
 
 fn default_key() -> String {
@@ -87,6 +96,18 @@ impl GlobalAllowanceConfig {
         }
         if self.timeout_ms == 0 {
             problems.add("gate.global.timeout_ms", "must be ≥ 1");
+        }
+        if self.ca.is_some() && !self.urls.iter().all(|u| u.starts_with("rediss://")) {
+            problems.add(
+                "gate.global.ca",
+                "a CA is for TLS: use rediss:// URLs with it",
+            );
+        }
+        if self.password_file.is_some() && self.user.is_none() {
+            problems.add(
+                "gate.global.user",
+                "password_file needs the ACL user it belongs to (\"default\" for requirepass)",
+            );
         }
     }
 }

@@ -9,7 +9,7 @@ use crate::allowance::metrics::{
     GLOBAL_ALLOWANCE_TAKEN_TOKENS_TOTAL,
 };
 use crate::backoff::Backoff;
-use crate::redis_link::RedisLink;
+use crate::redis_link::{RedisLink, RedisSecurity};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,7 @@ pub struct RedisTarget {
     pub cluster: bool,
     /// For each connect and each reply.
     pub timeout: Duration,
+    pub security: RedisSecurity,
 }
 
 /// The longest a refiller waits for a bucket that said it is empty before
@@ -51,9 +52,14 @@ pub async fn refill(allowance: Arc<GlobalAllowance>, bucket: SharedBucket, targe
         let result = async {
             if link.is_none() {
                 link = Some(
-                    RedisLink::connect(&target.urls, target.cluster, target.timeout)
-                        .await
-                        .map_err(|e| e.to_string())?,
+                    RedisLink::connect(
+                        &target.urls,
+                        target.cluster,
+                        target.timeout,
+                        &target.security,
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?,
                 );
             }
             let Some(conn) = link.as_mut() else {

@@ -2,7 +2,9 @@
 //! reload (SIGHUP) swaps in a new set, or keeps the old one when the file
 //! is refused.
 
-use super::{EvaluatorSettings, FenceErrors, FenceIndex, fingerprint, parse_fences, read_fence_file};
+use super::{
+    EvaluatorSettings, FenceErrors, FenceIndex, fingerprint, parse_fences, read_fence_file,
+};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::watch;

@@ -72,8 +72,13 @@ async fn run(mut sink: DeadLetterSink, mut requests: mpsc::UnboundedReceiver<Req
             waiting.push(more);
         }
         for r in waiting.iter().flat_map(|w| &w.records) {
-            let mut record =
-                DeadLetter::new(r.received_ms, &r.topic, r.reason, r.detail.as_str(), &r.payload);
+            let mut record = DeadLetter::new(
+                r.received_ms,
+                &r.topic,
+                r.reason,
+                r.detail.as_str(),
+                &r.payload,
+            );
             record.shard = Some(r.partition as usize);
             sink.queue(&record);
             metrics::counter!(DEAD_LETTER_WRITTEN_TOTAL, "reason" => r.reason).increment(1);

@@ -2,9 +2,9 @@
 //! checks there before it owns anything: the partition count the fleet was
 //! started with, and an input stream for every partition.
 
+use crate::jetstream_link::file_stream;
 use crate::source::jetstream::{stream_name, subjects};
 use crate::state::partitioned::config::PartitionedConfig;
-use crate::jetstream_link::file_stream;
 use async_nats::jetstream::{self, context::PublishErrorKind, stream};
 use async_nats::{ConnectErrorKind, ConnectOptions};
 use bytes::Bytes;
@@ -60,20 +60,23 @@ pub async fn connect(
     if let (Some(cert), Some(key)) = (&config.cert, &config.key) {
         options = options.add_client_certificate(cert.clone(), key.clone());
     }
-    let client = options
-        .connect(config.urls.as_slice())
-        .await
-        .map_err(|e| {
-            let detail = e.to_string();
-            let urls = urls.clone();
-            match e.kind() {
-                ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication => {
-                    EngineError::Credentials { urls, detail }
-                }
-                ConnectErrorKind::Tls => EngineError::Tls { urls, detail },
-                _ => EngineError::Unreachable { urls, detail },
+    let client = options.connect(config.urls.as_slice()).await.map_err(|e| {
+        let detail = e.to_string();
+        let urls = urls.clone();
+        // A certificate refused in the handshake comes back as an I/O
+        // error: its text tells it apart.
+        let lower = detail.to_ascii_lowercase();
+        match e.kind() {
+            ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication => {
+                EngineError::Credentials { urls, detail }
             }
-        })?;
+            ConnectErrorKind::Tls => EngineError::Tls { urls, detail },
+            _ if lower.contains("certificate") || lower.contains("tls") => {
+                EngineError::Tls { urls, detail }
+            }
+            _ => EngineError::Unreachable { urls, detail },
+        }
+    })?;
     let mut js = jetstream::new(client);
     js.set_timeout(timeout);
     Ok(js)
@@ -99,7 +102,10 @@ pub async fn check_partition_count(
         })
         .await
         .map_err(|e| jet(e.to_string()))?;
-    let recorded = match meta.get_last_raw_message_by_subject(PARTITIONS_SUBJECT).await {
+    let recorded = match meta
+        .get_last_raw_message_by_subject(PARTITIONS_SUBJECT)
+        .await
+    {
         Ok(m) => Some(m.payload),
         Err(_) => {
             let publish = jetstream::message::PublishMessage::build()
@@ -125,7 +131,11 @@ pub async fn check_partition_count(
         let recorded: u32 = std::str::from_utf8(&recorded)
             .ok()
             .and_then(|s| s.parse().ok())
-            .ok_or_else(|| jet(format!("{PARTITIONS_SUBJECT} holds {recorded:?}, not a count")))?;
+            .ok_or_else(|| {
+                jet(format!(
+                    "{PARTITIONS_SUBJECT} holds {recorded:?}, not a count"
+                ))
+            })?;
         if recorded != configured {
             return Err(EngineError::PartitionCount {
                 recorded,

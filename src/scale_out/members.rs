@@ -114,7 +114,10 @@ impl Members {
 
 /// The instance that should own `partition`: the highest rendezvous score
 /// among `instances` (none if there are none).
-pub fn owner_of<'a>(partition: u32, instances: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+pub fn owner_of<'a>(
+    partition: u32,
+    instances: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
     instances
         .into_iter()
         .max_by_key(|i| (score(i, partition), *i))

@@ -215,7 +215,10 @@ impl Manager {
                 owned.renewed = Instant::now();
             }
             Err(PartitionError::LeaseLost { .. }) => {
-                tracing::warn!(partition = p, "lease taken by another instance: stepping down");
+                tracing::warn!(
+                    partition = p,
+                    "lease taken by another instance: stepping down"
+                );
                 let _ = owned.stop.send(true);
                 let owned = self.owned.remove(&p);
                 self.ended(p, owned, "lost").await;
@@ -332,6 +335,3 @@ impl Manager {
         }
     }
 }
-
-
-

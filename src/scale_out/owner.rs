@@ -13,7 +13,9 @@ use super::dead_letters::{DeadLetters, Record};
 use crate::codec::{self, CodecSettings};
 use crate::geofence::{Evaluator, EvaluatorSettings, FenceIndex, Fix};
 use crate::model::{Telemetry, VehicleId};
-use crate::pipeline::metrics::{EVENTS_EVALUATED_TOTAL, EVENTS_INVALID_TOTAL, EVENTS_RECEIVED_TOTAL, FIXES_LATE_TOTAL};
+use crate::pipeline::metrics::{
+    EVENTS_EVALUATED_TOTAL, EVENTS_INVALID_TOTAL, EVENTS_RECEIVED_TOTAL, FIXES_LATE_TOTAL,
+};
 use crate::source::jetstream::{InputFix, PartitionInput};
 use crate::state::local::shard::LocalShard;
 use crate::state::partitioned::PartitionError;
@@ -88,7 +90,9 @@ pub async fn own(
     .await?;
     mirror.last = log.last();
     let events = EventsStream::open(&ctx.js, partition).await?;
-    mirror.unpublished.retain(|(commit, _)| *commit > events.published());
+    mirror
+        .unpublished
+        .retain(|(commit, _)| *commit > events.published());
     tracing::info!(
         partition,
         position = mirror.input_through,
@@ -139,7 +143,10 @@ pub async fn own(
     let (batch_max, pace) = if ctx.sustained_rate > 0.0 {
         // A tenth of a second's fixes a batch, so the pace is smooth.
         let n = (ctx.sustained_rate / 10.0).clamp(1.0, BATCH_MAX as f64);
-        (n as usize, Some(Duration::from_secs_f64(n / ctx.sustained_rate)))
+        (
+            n as usize,
+            Some(Duration::from_secs_f64(n / ctx.sustained_rate)),
+        )
     } else {
         (BATCH_MAX, None)
     };
@@ -262,8 +269,7 @@ fn decode(partition: u32, fixes: &[InputFix], codec: &CodecSettings) -> Decoded 
                 out.fixes.push((fix, f.stored_ms, digest, i));
             }
             Err(e) => {
-                metrics::counter!(EVENTS_INVALID_TOTAL, "reason" => e.reason.as_str())
-                    .increment(1);
+                metrics::counter!(EVENTS_INVALID_TOTAL, "reason" => e.reason.as_str()).increment(1);
                 out.refused_count += 1;
                 out.refused.push(Record {
                     received_ms: f.stored_ms,

@@ -66,7 +66,13 @@ pub async fn read(config: &PartitionedConfig) -> Result<Vec<PartitionStatus>, En
             .map(|l| l.holder)
             .filter(|h| !h.is_empty());
         let input_last = match js.get_stream(stream_name(p)).await {
-            Ok(mut s) => s.info().await.map_err(|e| jet(e.to_string()))?.state.last_sequence,
+            Ok(mut s) => {
+                s.info()
+                    .await
+                    .map_err(|e| jet(e.to_string()))?
+                    .state
+                    .last_sequence
+            }
             Err(_) => 0,
         };
         let last = last_commit(&js, p).await.map_err(|e| jet(e.to_string()))?;

@@ -121,7 +121,11 @@ impl PartitionInput {
     /// by hand) comes with the subject as its topic, for the decoder to
     /// refuse with a reason. After an error the next call reads again from
     /// the last position it returned.
-    pub async fn next_batch(&mut self, max: usize, wait: Duration) -> Result<InputBatch, InputError> {
+    pub async fn next_batch(
+        &mut self,
+        max: usize,
+        wait: Duration,
+    ) -> Result<InputBatch, InputError> {
         let read = self.read(max, wait).await;
         if read.is_err() {
             self.reader = None;

@@ -7,8 +7,8 @@
 //! name rather than silently ignored.
 
 use crate::problems::Problems;
-pub use crate::state::partitioned::config::PartitionedConfig;
 use crate::sink::config::FsyncPolicy;
+pub use crate::state::partitioned::config::PartitionedConfig;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 

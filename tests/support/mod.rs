@@ -8,6 +8,7 @@ pub mod example;
 pub mod fleet;
 pub mod geogate;
 pub mod nats;
+pub mod pki;
 pub mod proxy;
 pub mod redis;
 pub mod webhook;

@@ -13,6 +13,8 @@ pub struct Nats {
     pub mqtt_port: Option<u16>,
     /// The partition count the mapping spreads device topics over.
     partitions: Option<u32>,
+    /// More of the server's config (TLS, users).
+    extra: String,
     child: Option<Child>,
     binary: PathBuf,
     dir: tempfile::TempDir,
@@ -21,16 +23,22 @@ pub struct Nats {
 impl Nats {
     /// Starts nats-server, or returns `None` (skipping loudly) when absent.
     pub fn start() -> Option<Self> {
-        Self::start_with(None)
+        Self::start_with(None, "")
+    }
+
+    /// Starts nats-server with `extra` added to its config (a `tls`
+    /// block, an `authorization` block).
+    pub fn start_configured(extra: &str) -> Option<Self> {
+        Self::start_with(None, extra)
     }
 
     /// Starts nats-server with its MQTT listener, device topics mapped to
     /// `partitions` partitions.
     pub fn start_partitioned(partitions: u32) -> Option<Self> {
-        Self::start_with(Some(partitions))
+        Self::start_with(Some(partitions), "")
     }
 
-    fn start_with(partitions: Option<u32>) -> Option<Self> {
+    fn start_with(partitions: Option<u32>, extra: &str) -> Option<Self> {
         let binary = require(
             "nats-server (apt-get install nats-server)",
             binary("nats-server"),
@@ -40,6 +48,7 @@ impl Nats {
                 port: free_port(),
                 mqtt_port: partitions.map(|_| free_port()),
                 partitions,
+                extra: extra.to_owned(),
                 child: None,
                 binary: binary.clone(),
                 dir: tempfile::tempdir().expect("tempdir"),
@@ -67,6 +76,7 @@ impl Nats {
                 "mqtt {{ listen: 127.0.0.1:{mqtt} }}\nmappings = {{\n  \"fleet.*.telemetry\": \"in.{{{{partition({n},1)}}}}.fleet.{{{{wildcard(1)}}}}.telemetry\"\n  \"owntracks.*.*\": \"in.{{{{partition({n},1,2)}}}}.owntracks.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}\"\n}}\n"
             ));
         }
+        text.push_str(&self.extra);
         std::fs::write(&config, text).expect("write nats.conf");
         let mut child = Command::new(&self.binary)
             .arg("-c")

@@ -233,8 +233,8 @@ pub fn lab_trace(gate: GateSpec, path: PathBuf, format: Format) -> Result<ExitCo
 }
 
 pub fn partitions_status(config_path: PathBuf, format: Format) -> Result<ExitCode> {
-    let config = Config::load(&config_path)
-        .with_context(|| format!("{}", config_path.display()))?;
+    let config =
+        Config::load(&config_path).with_context(|| format!("{}", config_path.display()))?;
     if config.state.backend != geogate::config::StateBackend::Partitioned {
         bail!(
             "{}: [state] backend is not \"partitioned\": there are no partitions to show",
@@ -248,7 +248,16 @@ pub fn partitions_status(config_path: PathBuf, format: Format) -> Result<ExitCod
         Format::Text => {
             println!(
                 "{:>9}  {:<16} {:>10} {:>10} {:>8} {:>9} {:>7} {:>6} {:>6} {:>6}",
-                "partition", "owner", "input", "committed", "lag", "evaluated", "refused", "late", "enters", "exits"
+                "partition",
+                "owner",
+                "input",
+                "committed",
+                "lag",
+                "evaluated",
+                "refused",
+                "late",
+                "enters",
+                "exits"
             );
             for r in &rows {
                 println!(

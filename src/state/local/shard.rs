@@ -82,7 +82,9 @@ impl LocalShard {
         for (i, fix) in fixes.iter().enumerate() {
             if release_each {
                 let before = transitions.len();
-                outcomes.released += self.evaluator.release_due(fix.received_ms, &mut transitions);
+                outcomes.released += self
+                    .evaluator
+                    .release_due(fix.received_ms, &mut transitions);
                 self.count(&transitions[before..], &mut outcomes);
             }
             let before = transitions.len();

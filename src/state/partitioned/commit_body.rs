@@ -142,8 +142,9 @@ impl CommitBody {
             .iter()
             .map(|(id, r)| id.len() + r.as_ref().map_or(0, Vec::len) + 4)
             .sum();
-        let mut out =
-            Vec::with_capacity(64 + records + self.held.len() + self.lines.len() + self.owner.len());
+        let mut out = Vec::with_capacity(
+            64 + records + self.held.len() + self.lines.len() + self.owner.len(),
+        );
         out.push(VERSION);
         out.push(self.kind.byte());
         for v in [self.base, self.input_through, self.next_seq] {

@@ -41,7 +41,10 @@ impl PartitionCommitter {
     /// Commits every request until the shard closes the channel; the
     /// error that ended it otherwise. A deposed owner's requests are left
     /// incomplete: their input is the new owner's to read again.
-    pub async fn run(mut self, mut requests: mpsc::Receiver<CommitRequest>) -> Result<(), PartitionError> {
+    pub async fn run(
+        mut self,
+        mut requests: mpsc::Receiver<CommitRequest>,
+    ) -> Result<(), PartitionError> {
         self.publish_committed().await?;
         let mut commits = 0u64;
         while let Some(first) = requests.recv().await {

@@ -89,7 +89,10 @@ impl PartitionedConfig {
             );
         }
         if self.cert.is_some() != self.key.is_some() {
-            problems.add("state.cert", "cert and key go together: set both, or neither");
+            problems.add(
+                "state.cert",
+                "cert and key go together: set both, or neither",
+            );
         }
         if self.timeout_ms == 0 {
             problems.add("state.timeout_ms", "must be ≥ 1");

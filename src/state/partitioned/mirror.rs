@@ -81,7 +81,9 @@ impl Mirror {
         held.sort_unstable_by_key(|(k, _)| *k);
         Ok(with_held(
             vehicles,
-            held.into_iter().map(|(_, (v, h))| (v.clone(), *h)).collect(),
+            held.into_iter()
+                .map(|(_, (v, h))| (v.clone(), *h))
+                .collect(),
         ))
     }
 

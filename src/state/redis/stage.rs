@@ -49,9 +49,14 @@ impl SharedStage {
     ) -> Result<Self, StateError> {
         let shared = |e: SharedStateError| StateError::Shared(e.to_string());
         let timeout = Duration::from_millis(config.redis.timeout_ms);
-        let mut link = RedisLink::connect(&config.redis.urls, config.redis.cluster, timeout)
-            .await
-            .map_err(|e| StateError::Shared(e.to_string()))?;
+        let mut link = RedisLink::connect(
+            &config.redis.urls,
+            config.redis.cluster,
+            timeout,
+            &Default::default(),
+        )
+        .await
+        .map_err(|e| StateError::Shared(e.to_string()))?;
         let rules = Arc::new(SharedRules::new(
             &config.redis.prefix,
             config.redis.partitions,
