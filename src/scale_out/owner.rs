@@ -14,7 +14,7 @@ use crate::codec::{self, CodecSettings};
 use crate::geofence::{Evaluator, EvaluatorSettings, FenceIndex, Fix};
 use crate::model::{Telemetry, VehicleId};
 use crate::pipeline::metrics::{
-    EVENTS_EVALUATED_TOTAL, EVENTS_INVALID_TOTAL, EVENTS_RECEIVED_TOTAL, FIXES_LATE_TOTAL,
+    DUPLICATES_IGNORED_TOTAL, EVENTS_EVALUATED_TOTAL, EVENTS_INVALID_TOTAL, EVENTS_RECEIVED_TOTAL, FIXES_LATE_TOTAL,
 };
 use crate::source::jetstream::{InputFix, PartitionInput};
 use crate::state::local::shard::LocalShard;
@@ -302,6 +302,10 @@ impl Completion for Counted {
         metrics::counter!(EVENTS_EVALUATED_TOTAL, "shard" => self.partition.to_string())
             .increment(outcomes.evaluated + outcomes.held);
         metrics::counter!(FIXES_LATE_TOTAL).increment(outcomes.late.len() as u64);
+        // Counted as the pipeline counts a duplicate its state found.
+        let duplicates = outcomes.duplicates.len() as u64;
+        metrics::counter!(DUPLICATES_IGNORED_TOTAL, "by" => "state").increment(duplicates);
+        metrics::counter!(EVENTS_INVALID_TOTAL, "reason" => "duplicate").increment(duplicates);
         let mut records = Vec::new();
         for late in &outcomes.late {
             if let Some((at, vehicle, fix_ms)) = self.applied.get(late.index) {

@@ -28,7 +28,7 @@ pub fn describe() {
     describe_histogram!(
         TRANSITION_LATENCY_SECONDS,
         Unit::Seconds,
-        "Receive to written: from when geogate received the message that caused a transition (for an expiry, when it fell due) to when its line was in the events file (memory and embedded state). Includes the time a fix waited in its reorder window."
+        "Receive to written: from when geogate received the message that caused a transition (for an expiry, when it fell due) to when its line was in the events file (memory and embedded state), or in the engine's events stream (partitioned state: received is when the engine stored the fix). Includes the time a fix waited in its reorder window."
     );
     describe_gauge!(
         REORDER_WINDOW_FIXES,

@@ -9,7 +9,8 @@ use super::PartitionError;
 use super::commit_body::{CommitBody, Kind};
 use super::commit_log::CommitLog;
 use super::events_stream::EventsStream;
-use super::metrics::{FENCED_WRITES_TOTAL, SNAPSHOTS_TOTAL};
+use super::metrics::{FENCED_WRITES_TOTAL, PARTITION_COMMIT_SECONDS, SNAPSHOTS_TOTAL};
+use crate::state::metrics::TRANSITION_LATENCY_SECONDS;
 use super::mirror::Mirror;
 use crate::delivery::outbox::OutboxEntry;
 use crate::state::local::commit::CommitRequest;
@@ -46,6 +47,8 @@ impl PartitionCommitter {
         mut requests: mpsc::Receiver<CommitRequest>,
     ) -> Result<(), PartitionError> {
         self.publish_committed().await?;
+        let commit_time = metrics::histogram!(PARTITION_COMMIT_SECONDS);
+        let latency = metrics::histogram!(TRANSITION_LATENCY_SECONDS);
         let mut commits = 0u64;
         while let Some(first) = requests.recv().await {
             let mut group = vec![first];
@@ -56,11 +59,19 @@ impl PartitionCommitter {
                 group.push(next);
             }
             let body = self.body_of(&group);
+            let started = std::time::Instant::now();
             let seq = self.append(&body).await?;
             self.apply(seq, &body)?;
             crate::crash_point::reached("partition.committed");
             self.publish_committed().await?;
             crate::crash_point::reached("partition.published");
+            commit_time.record(started.elapsed().as_secs_f64());
+            // Receive (when the engine stored the fix) to written (in the
+            // events stream), on this machine's clock.
+            let now = crate::clock::receive_now_ms();
+            for t in group.iter().flat_map(|r| &r.transitions) {
+                latency.record((now - t.received_ms).max(0) as f64 / 1000.0);
+            }
             for request in group {
                 request.done.complete(request.outcomes);
             }
