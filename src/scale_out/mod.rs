@@ -20,6 +20,7 @@
 
 pub mod dead_letters;
 pub mod engine;
+pub mod events_tail;
 pub mod members;
 pub mod owner;
 pub mod status;

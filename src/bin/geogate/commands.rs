@@ -232,17 +232,33 @@ pub fn lab_trace(gate: GateSpec, path: PathBuf, format: Format) -> Result<ExitCo
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn partitions_status(config_path: PathBuf, format: Format) -> Result<ExitCode> {
+/// The `[state]` of a partitioned fleet's config.
+fn partitioned_state(
+    config_path: &PathBuf,
+) -> Result<geogate::state::partitioned::config::PartitionedConfig> {
     let config =
-        Config::load(&config_path).with_context(|| format!("{}", config_path.display()))?;
+        Config::load(config_path).with_context(|| format!("{}", config_path.display()))?;
     if config.state.backend != geogate::config::StateBackend::Partitioned {
         bail!(
-            "{}: [state] backend is not \"partitioned\": there are no partitions to show",
+            "{}: [state] backend is not \"partitioned\": there are no partitions",
             config_path.display()
         );
     }
+    Ok(config.state.partitioned)
+}
+
+pub fn partitions_events(config_path: PathBuf, after: u64, follow: bool) -> Result<ExitCode> {
+    let state = partitioned_state(&config_path)?;
     let runtime = tokio::runtime::Runtime::new()?;
-    let rows = runtime.block_on(geogate::scale_out::status::read(&config.state.partitioned))?;
+    let mut out = std::io::stdout().lock();
+    runtime.block_on(geogate::scale_out::events_tail::tail(&state, after, follow, &mut out))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn partitions_status(config_path: PathBuf, format: Format) -> Result<ExitCode> {
+    let state = partitioned_state(&config_path)?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    let rows = runtime.block_on(geogate::scale_out::status::read(&state))?;
     match format {
         Format::Json => print_json(&rows)?,
         Format::Text => {

@@ -254,6 +254,17 @@ enum PartitionsCommand {
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
     },
+    /// The fleet's transitions as NDJSON, from the engine's events stream.
+    Events {
+        #[arg(long)]
+        config: PathBuf,
+        /// Start after this stream position (0: from the start).
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+        /// Keep waiting for more.
+        #[arg(long)]
+        follow: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -334,6 +345,11 @@ fn main() -> Result<ExitCode> {
         Command::Partitions(PartitionsCommand::Status { config, format }) => {
             commands::partitions_status(config, format)
         }
+        Command::Partitions(PartitionsCommand::Events {
+            config,
+            after,
+            follow,
+        }) => commands::partitions_events(config, after, follow),
         Command::Config(ConfigCommand::Example) => {
             print!("{}", geogate::cli::demo::BUNDLED_CONFIG);
             Ok(ExitCode::SUCCESS)
