@@ -163,6 +163,7 @@ impl Engine {
                     *last_commit = commit;
                     for line in m.payload.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
                         let e: serde_json::Value = serde_json::from_slice(line).unwrap();
+                        assert_eq!(e["partition"].as_u64(), Some(u64::from(p)), "{e}");
                         let seq = e["seq"].as_u64().unwrap();
                         assert_eq!(
                             seq,

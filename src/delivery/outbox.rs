@@ -31,9 +31,25 @@ pub struct OutboxEntry {
 #[derive(Serialize)]
 struct Line<'a> {
     id: &'a str,
+    /// With partitioned state: the partition, whose own seqs these are.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    partition: Option<u32>,
     seq: u64,
     #[serde(flatten)]
     transition: &'a Transition,
+}
+
+/// The NDJSON line of a partition's transition (without its newline):
+/// `seq` counts within `partition`, so (partition, seq) places it.
+pub fn partition_line(partition: u32, seq: u64, t: &Transition) -> Vec<u8> {
+    let id = transition_id(t);
+    let line = Line {
+        id: &id,
+        partition: Some(partition),
+        seq,
+        transition: t,
+    };
+    serde_json::to_vec(&line).expect("strings and integers always serialise")
 }
 
 /// 128 bits of SHA-256 over the transition's identity, as hex.
@@ -64,6 +80,7 @@ impl OutboxEntry {
         let id = transition_id(t);
         let line = Line {
             id: &id,
+            partition: None,
             seq,
             transition: t,
         };

@@ -12,7 +12,7 @@ use super::events_stream::EventsStream;
 use super::metrics::{FENCED_WRITES_TOTAL, PARTITION_COMMIT_SECONDS, SNAPSHOTS_TOTAL};
 use crate::state::metrics::TRANSITION_LATENCY_SECONDS;
 use super::mirror::Mirror;
-use crate::delivery::outbox::OutboxEntry;
+use crate::delivery::outbox::partition_line;
 use crate::state::local::commit::CommitRequest;
 use bytes::Bytes;
 use std::time::Duration;
@@ -107,7 +107,7 @@ impl PartitionCommitter {
             vehicles.extend(r.vehicles.iter().cloned());
             held.extend_from_slice(&r.held.bytes);
             for t in &r.transitions {
-                lines.extend_from_slice(&OutboxEntry::new(next_seq, t).line);
+                lines.extend_from_slice(&partition_line(self.partition, next_seq, t));
                 lines.push(b'\n');
                 next_seq += 1;
             }
