@@ -223,6 +223,8 @@ urls = ["{url}"]
 partitions = {PARTITIONS}
 lease_term_s = 1
 snapshot_every = 7
+# Each case reads the input the reference read.
+keep_input = true
 [metrics]
 {metrics}
 "#,

@@ -111,6 +111,8 @@ pub async fn run(
         settings,
         fences: index,
         snapshot_every: pc.snapshot_every,
+        keep_input: pc.keep_input,
+        events_max_age: Duration::from_secs(pc.events_max_age_s),
         per_fence_labels: config.metrics.per_fence_labels,
         dead_letters,
         sustained_rate: config.pipeline.sustained_rate,

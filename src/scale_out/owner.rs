@@ -54,6 +54,10 @@ pub struct OwnerContext {
     pub settings: EvaluatorSettings,
     pub fences: watch::Receiver<Arc<FenceIndex>>,
     pub snapshot_every: u64,
+    /// `[state] keep_input`.
+    pub keep_input: bool,
+    /// `[state] events_max_age_s`.
+    pub events_max_age: Duration,
     pub per_fence_labels: bool,
     pub dead_letters: DeadLetters,
     /// Fixes per second at most (`pipeline.sustained_rate`; 0: no cap):
@@ -89,7 +93,7 @@ pub async fn own(
     )
     .await?;
     mirror.last = log.last();
-    let events = EventsStream::open(&ctx.js, partition).await?;
+    let events = EventsStream::open(&ctx.js, partition, ctx.events_max_age).await?;
     mirror
         .unpublished
         .retain(|(commit, _)| *commit > events.published());
@@ -127,6 +131,8 @@ pub async fn own(
             owner: ctx.instance.clone(),
             snapshot_every: ctx.snapshot_every,
             stop: stop.clone(),
+            input_stream: (!ctx.keep_input)
+                .then(|| crate::source::jetstream::stream_name(partition)),
         }
         .run(requests),
     );

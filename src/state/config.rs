@@ -116,6 +116,8 @@ struct StateSection {
     timeout_ms: Option<u64>,
     lease_term_s: Option<f64>,
     snapshot_every: Option<u64>,
+    keep_input: Option<bool>,
+    events_max_age_s: Option<u64>,
     user: Option<String>,
     password_file: Option<PathBuf>,
     ca: Option<PathBuf>,
@@ -141,6 +143,8 @@ impl From<StateSection> for StateConfig {
         set("timeout_ms", s.timeout_ms.is_some());
         set("lease_term_s", s.lease_term_s.is_some());
         set("snapshot_every", s.snapshot_every.is_some());
+        set("keep_input", s.keep_input.is_some());
+        set("events_max_age_s", s.events_max_age_s.is_some());
         set("user", s.user.is_some());
         set("password_file", s.password_file.is_some());
         set("ca", s.ca.is_some());
@@ -156,6 +160,8 @@ impl From<StateSection> for StateConfig {
         p.timeout_ms = s.timeout_ms.unwrap_or(p.timeout_ms);
         p.lease_term_s = s.lease_term_s.unwrap_or(p.lease_term_s);
         p.snapshot_every = s.snapshot_every.unwrap_or(p.snapshot_every);
+        p.keep_input = s.keep_input.unwrap_or(p.keep_input);
+        p.events_max_age_s = s.events_max_age_s.unwrap_or(p.events_max_age_s);
         p.user = s.user;
         p.password_file = s.password_file;
         p.ca = s.ca;

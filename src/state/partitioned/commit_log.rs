@@ -146,6 +146,11 @@ impl CommitLog {
         Ok((last.sequence, id))
     }
 
+    /// The engine this log is in.
+    pub fn context(&self) -> &jetstream::Context {
+        &self.js
+    }
+
     /// The sequence of this owner's last commit.
     pub fn last(&self) -> u64 {
         self.last

@@ -36,6 +36,10 @@ pub struct PartitionCommitter {
     pub snapshot_every: u64,
     /// Set when the owner stops: an engine error is then not tried again.
     pub stop: watch::Receiver<bool>,
+    /// The partition's input stream, whose part a snapshot covers is
+    /// removed (no owner reads before the last commit's position); `None`
+    /// keeps it (`[state] keep_input`).
+    pub input_stream: Option<String>,
 }
 
 impl PartitionCommitter {
@@ -183,6 +187,34 @@ impl PartitionCommitter {
         Ok(())
     }
 
+    /// Removes the input the snapshot covers. A failure only leaves more
+    /// on disk until the next snapshot.
+    async fn purge_input(&self) {
+        let Some(input) = &self.input_stream else {
+            return;
+        };
+        let through = self.mirror.input_through;
+        let purged = async {
+            let stream = self
+                .log
+                .context()
+                .get_stream_no_info(input)
+                .await
+                .map_err(|e| e.to_string())?;
+            stream
+                .purge()
+                .sequence(through + 1)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        if let Err(e) = purged.await {
+            tracing::warn!(
+                "partition {}: removing input up to {through}: {e}",
+                self.partition
+            );
+        }
+    }
+
     /// Writes the state as snapshot parts, then a commit that makes the
     /// first part the base, then removes the log before it. Written only
     /// when the events stream holds every commit's transitions, so no
@@ -204,6 +236,7 @@ impl PartitionCommitter {
             let seq = self.append(&marker).await?;
             self.apply(seq, &marker)?;
             self.log.purge_before(first).await?;
+            self.purge_input().await;
             metrics::counter!(SNAPSHOTS_TOTAL).increment(1);
         }
         Ok(())

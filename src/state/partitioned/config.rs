@@ -17,6 +17,13 @@ pub struct PartitionedConfig {
     pub lease_term_s: f64,
     /// Commits between snapshots of a partition's state.
     pub snapshot_every: u64,
+    /// Keep the partitions' input after a snapshot covers it (for audit or
+    /// a replay; bounded then only by limits set on the streams in the
+    /// engine). By default a snapshot removes the input it covers.
+    pub keep_input: bool,
+    /// How long the events stream keeps a commit's transitions (0: for
+    /// ever): consumers must read them within it.
+    pub events_max_age_s: u64,
     /// Engine credentials: a user and a file holding the password.
     pub user: Option<String>,
     pub password_file: Option<PathBuf>,
@@ -36,6 +43,8 @@ impl Default for PartitionedConfig {
             partitions: 16,
             lease_term_s: 6.0,
             snapshot_every: 2000,
+            keep_input: false,
+            events_max_age_s: 7 * 24 * 3600,
             user: None,
             password_file: None,
             ca: None,
@@ -52,6 +61,8 @@ impl PartitionedConfig {
         "partitions",
         "lease_term_s",
         "snapshot_every",
+        "keep_input",
+        "events_max_age_s",
         "user",
         "password_file",
         "ca",

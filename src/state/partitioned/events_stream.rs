@@ -10,12 +10,12 @@
 //! deduplicated stream per partition, with no duplicate window to rely on.
 
 use super::PartitionError;
-use crate::jetstream_link::file_stream;
 use async_nats::HeaderMap;
 use async_nats::jetstream::context::PublishErrorKind;
-use async_nats::jetstream::stream::LastRawMessageErrorKind;
+use async_nats::jetstream::stream::{self, LastRawMessageErrorKind};
 use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
+use std::time::Duration;
 
 pub const STREAM: &str = "GEOGATE_EVENTS";
 pub const COMMIT_HEADER: &str = "Geogate-Commit";
@@ -35,12 +35,22 @@ pub struct EventsStream {
 }
 
 impl EventsStream {
-    /// Makes the stream if it is new and reads where the partition's
-    /// events stand in it.
-    pub async fn open(js: &jetstream::Context, partition: u32) -> Result<Self, PartitionError> {
-        file_stream(js, STREAM.into(), "events.*".into())
-            .await
-            .map_err(|e| PartitionError::engine(partition, STREAM, e))?;
+    /// Makes the stream if it is new, keeping each message `max_age` (zero:
+    /// for ever), and reads where the partition's events stand in it.
+    pub async fn open(
+        js: &jetstream::Context,
+        partition: u32,
+        max_age: Duration,
+    ) -> Result<Self, PartitionError> {
+        js.get_or_create_stream(stream::Config {
+            name: STREAM.into(),
+            subjects: vec!["events.*".into()],
+            storage: stream::StorageType::File,
+            max_age,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| PartitionError::engine(partition, STREAM, e))?;
         let mut events = Self {
             js: js.clone(),
             partition,
