@@ -1,4 +1,4 @@
-"""Helpers shared by the end-to-end harnesses (e2e.py, scale_out.py)."""
+"""Helpers for the end-to-end harness (e2e.py)."""
 import socket
 import time
 import urllib.request

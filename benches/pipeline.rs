@@ -34,7 +34,6 @@ use geogate::sink::dead_letter::DeadLetterSink;
 use geogate::source::intake::Intake;
 use geogate::source::{Completions, Envelope};
 use geogate::state::{Backend, OpenContext};
-use local_redis::LocalRedis;
 use metrics_exporter_prometheus::PrometheusBuilder;
 use std::hint::black_box;
 use std::path::Path;
@@ -46,9 +45,6 @@ use tokio::sync::{mpsc, watch};
 /// as it runs.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-#[path = "support/local_redis.rs"]
-mod local_redis;
 
 fn payloads() -> Vec<(String, Vec<u8>)> {
     capture::read(Path::new("replay/shift-change.ndjson.gz"))
@@ -95,7 +91,6 @@ fn decode_formats(c: &mut Criterion) {
 struct Pipeline {
     index: Arc<FenceIndex>,
     dir: tempfile::TempDir,
-    redis: Option<LocalRedis>,
 }
 
 impl Pipeline {
@@ -123,11 +118,6 @@ impl Pipeline {
     /// A fresh store and events file for the next iteration.
     fn state(&self, backend: StateBackend, fsync: FsyncPolicy) -> StateConfig {
         let _ = std::fs::remove_file(self.events_path());
-        let mut urls = Vec::new();
-        if let (StateBackend::Redis, Some(redis)) = (backend, &self.redis) {
-            redis.cli(&["FLUSHALL"]);
-            urls.push(format!("redis://127.0.0.1:{}", redis.port));
-        }
         let mut config = StateConfig {
             backend,
             fsync,
@@ -135,7 +125,6 @@ impl Pipeline {
             ..StateConfig::default()
         };
         config.embedded.path = self.dir.path().join("state.sqlite");
-        config.redis.urls = urls;
         config
     }
 
@@ -220,8 +209,6 @@ impl Pipeline {
                 events: Some(self.events_path()),
                 outputs: Default::default(),
                 settings,
-                instance: "bench".to_owned(),
-                fence_fingerprint: watch::channel("bench".to_owned()).1,
                 fences: self.index.clone(),
                 shards,
                 per_fence_labels: false,
@@ -864,9 +851,6 @@ fn pipeline(c: &mut Criterion) {
     let pipeline = Pipeline {
         index,
         dir: tempfile::tempdir().expect("temp dir"),
-        redis: (stages_rounds.is_none() && std::env::var_os("GEOGATE_STEADY").is_none())
-            .then(LocalRedis::start)
-            .flatten(),
     };
     let shared: Vec<(String, Bytes)> = payloads
         .iter()
@@ -893,9 +877,6 @@ fn pipeline(c: &mut Criterion) {
         eprintln!("GEOGATE_STAGES={rounds}: Linux only (it reads the process's CPU time)");
         return;
     }
-    if pipeline.redis.is_none() {
-        eprintln!("redis-server not found: the pipeline_redis benches are skipped");
-    }
     let backends = [
         ("memory", StateBackend::Memory, FsyncPolicy::Flush),
         ("embedded_flush", StateBackend::Embedded, FsyncPolicy::Flush),
@@ -904,7 +885,6 @@ fn pipeline(c: &mut Criterion) {
             StateBackend::Embedded,
             FsyncPolicy::Always,
         ),
-        ("redis", StateBackend::Redis, FsyncPolicy::Flush),
     ];
     // Decode lanes: the pipeline's default (2 on this 2-core machine) for
     // every variant, and 1 and 4 beside it.
@@ -957,9 +937,6 @@ fn pipeline(c: &mut Criterion) {
     }
     for shards in [1, 2] {
         for (name, backend, fsync) in backends {
-            if backend == StateBackend::Redis && pipeline.redis.is_none() {
-                continue;
-            }
             group.bench_with_input(
                 BenchmarkId::new(format!("pipeline_{name}"), shards),
                 &shards,
@@ -978,12 +955,12 @@ fn pipeline(c: &mut Criterion) {
                 },
             );
             #[cfg(target_os = "linux")]
-            if backend != StateBackend::Redis && std::env::var_os("GEOGATE_NO_DIAG").is_none() {
+            if std::env::var_os("GEOGATE_NO_DIAG").is_none() {
                 // Where the rate goes on this machine: the CPU each message
                 // costs (every message of the capture, as the rate counts
                 // them), how much of the machine the stages keep busy
                 // (they wait on each other's hand-offs), and the phases of
-                // a run. Ten more runs per backend (not Redis), prepared
+                // a run. Ten more runs per backend, prepared
                 // and timed as criterion's are. They run whatever
                 // criterion's filter selects, so a filtered run still pays
                 // for them between its timed benchmarks.
@@ -1015,30 +992,6 @@ fn pipeline(c: &mut Criterion) {
                     mean_ms(phases.route),
                     (runs * shared.len()) as f64 / phases.route / 1e6,
                     mean_ms(phases.finish),
-                );
-            }
-            if let (StateBackend::Redis, Some(redis), None) = (
-                backend,
-                &pipeline.redis,
-                std::env::var_os("GEOGATE_NO_DIAG"),
-            ) {
-                // One more run, counted by Redis itself. Like the lines
-                // above, it runs whatever criterion's filter selects, so
-                // `GEOGATE_NO_DIAG` skips it too.
-                let (calls0, usec0) = redis.script_stats();
-                let state = pipeline.state(backend, fsync);
-                let fixes = runtime.block_on(pipeline.run(
-                    Pipeline::intake(&shared, default_lanes),
-                    shards,
-                    state,
-                )) as f64;
-                let (calls, usec) = redis.script_stats();
-                let (calls, usec) = (calls - calls0, usec - usec0);
-                eprintln!(
-                    "redis, {shards} shard(s): {:.4} script calls per event, {:.2} µs of script time per event, {:.1} µs per call",
-                    calls / fixes.max(1.0),
-                    usec / fixes.max(1.0),
-                    usec / calls.max(1.0)
                 );
             }
         }

@@ -32,7 +32,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
 
 const WINDOWS_MS: [i64; 9] = [
     0, 500, 1_000, 2_000, 5_000, 10_000, 30_000, 120_000, 600_000,
@@ -343,8 +342,6 @@ fn run_stream(
                 events: Some(events.clone()),
                 outputs: Default::default(),
                 settings,
-                instance: "bench".into(),
-                fence_fingerprint: watch::channel(String::new()).1,
                 fences: index.clone(),
                 shards: 1,
                 per_fence_labels: false,

@@ -190,14 +190,12 @@ impl Config {
     }
 
     /// The membership rules' settings: the fences' own, and the reorder
-    /// window the pipeline asks for (its default depends on the backend).
+    /// window the pipeline asks for.
     pub fn evaluator_settings(&self) -> crate::geofence::EvaluatorSettings {
         let window = self
             .pipeline
             .reorder_window_ms
-            .unwrap_or(match self.state.backend {
-                _ => crate::pipeline::config::DEFAULT_REORDER_WINDOW_MS,
-            });
+            .unwrap_or(crate::pipeline::config::DEFAULT_REORDER_WINDOW_MS);
         crate::geofence::EvaluatorSettings {
             reorder_window_ms: i64::try_from(window).unwrap_or(i64::MAX),
             ..self.fences.settings()

@@ -17,12 +17,6 @@
 //! `webhook.before_cursor` (a batch the receiver accepted, the webhook's
 //! cursor not yet moved), `events.before_rotate` (the events file synced,
 //! not yet renamed), `events.rotated` (renamed, no new file yet). With the
-//! redis backend: `shared.applied` (a
-//! batch applied in Redis, its messages not acked), `outbox.read` (entries
-//! taken from a stream, not yet written), `outbox.written` (lines written,
-//! the entries not yet acked, nor handed to the publisher), and
-//! `relay.mid_line` and `relay.before_mqtt_cursor` as above (the events
-//! file's writer and the publisher are shared by every backend). With the
 //! partitioned backend: `partition.committed` (a commit in the log, its
 //! transitions not yet in the events stream), `partition.published` (in
 //! the stream, the batches not yet completed) and `partition.snapshot` (a

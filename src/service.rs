@@ -130,7 +130,7 @@ pub async fn run(
     let LiveFences {
         reloader,
         index: fence_rx,
-        fingerprint: fingerprint_rx,
+        ..
     } = FenceReloader::load(&config.fences.path, settings)?;
 
     let dl = &config.dead_letter;
@@ -219,8 +219,6 @@ pub async fn run(
                 dead_letter: Some(expired_tx),
             },
             settings,
-            instance: config.mqtt.client_id.clone(),
-            fence_fingerprint: fingerprint_rx,
             fences: initial_fences,
             shards: config.pipeline.shard_count(),
             per_fence_labels: config.metrics.per_fence_labels,

@@ -179,12 +179,12 @@ fn run_without_a_config_says_how_to_start_and_the_example_is_valid() {
     assert_eq!(parsed.len(), 11);
 }
 
-/// `--reset-state` with the redis backend is refused, saying why: one
-/// instance never resets state every instance shares.
+/// `--reset-state` with the partitioned backend is refused, saying why:
+/// one instance never resets state every instance shares.
 #[test]
-fn reset_state_is_refused_for_the_shared_redis_state() {
+fn reset_state_is_refused_for_the_partitioned_state() {
     let dir = tempfile::tempdir().unwrap();
-    let config = support::example::with_redis_state("redis://127.0.0.1:1").replace(
+    let config = support::example::with_partitioned_state("nats://127.0.0.1:1").replace(
         "path = \"config/fences.geojson\"",
         &format!(
             "path = \"{}/config/fences.geojson\"",
@@ -197,7 +197,7 @@ fn reset_state_is_refused_for_the_shared_redis_state() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains("--reset-state") && stderr.contains("\"geogate\""),
+        stderr.contains("--reset-state") && stderr.contains("partitioned"),
         "{stderr}"
     );
 }

@@ -163,18 +163,74 @@ fn the_global_allowance_is_checked_and_names_its_field() {
     assert!(err.contains("fail_mode"), "{err}");
 }
 
-/// `[state] backend = "redis"`: the documented keys parse, with MQTT
-/// events too; what it needs (urls, partitions, an events file) is named.
+/// `[state] backend = "redis"` (retired) still parses, keys only it read
+/// included, so that `config check` refuses it by the backend with the way
+/// to migrate, not by an unknown key.
 #[test]
-fn the_redis_state_backend_is_checked_and_names_its_field() {
-    let redis = support::example::with_redis_state("redis://127.0.0.1:6379");
-    let config = Config::parse(&redis).expect("the documented redis backend is valid");
-    assert_eq!(config.state.redis.partitions, 16);
-    assert!(config.events.mqtt);
-    let bad = redis
-        .replace("urls = [\"redis://127.0.0.1:6379\"]", "urls = []")
-        .replace("partitions = 16", "partitions = 0")
-        .replace("path = \"geogate-events.ndjson\"", "");
+fn the_retired_redis_state_backend_is_refused_with_the_way_to_migrate() {
+    let text = std::fs::read_to_string("config/geogate.toml").unwrap();
+    let (head, state) = text.split_at(text.find("[state]").unwrap());
+    let redis = format!(
+        "{head}{}",
+        state.replacen(
+            "[state]\n",
+            "[state]\nbackend = \"redis\"\nurls = [\"redis://127.0.0.1:6379\"]\ncluster = false\nprefix = \"geogate\"\npartitions = 16\nclaim_idle_s = 30\ntimeout_ms = 1000\n",
+            1,
+        )
+    );
+    let Err(ConfigError::Invalid(problems)) = Config::parse(&redis) else {
+        panic!("expected backend = \"redis\" to be refused");
+    };
+    assert_eq!(
+        problems
+            .iter()
+            .map(|p| p.field.as_str())
+            .collect::<Vec<_>>(),
+        ["state.backend"],
+        "the backend alone is refused: {problems:?}"
+    );
+    let message = &problems[0].message;
+    assert!(
+        message.contains("retired")
+            && message.contains("README, \"Migrating from the Redis state backend\"")
+            && message.contains("partitioned"),
+        "{message}"
+    );
+
+    // `geogate config check` says the same.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("geogate.toml");
+    std::fs::write(&path, &redis).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_geogate"))
+        .args(["config", "check", path.to_str().unwrap()])
+        .output()
+        .expect("run geogate");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("state.backend")
+            && stderr.contains("Migrating from the Redis state backend"),
+        "{stderr}"
+    );
+}
+
+/// `[state] backend = "partitioned"` as the example documents it parses
+/// and passes the checks; what it needs (urls, partitions, no events
+/// file) is named.
+#[test]
+fn the_partitioned_state_backend_is_checked_and_names_its_field() {
+    let partitioned = support::example::with_partitioned_state("nats://127.0.0.1:4222");
+    let config = Config::parse(&partitioned).expect("the documented partitioned backend is valid");
+    assert_eq!(config.state.partitioned.urls, ["nats://127.0.0.1:4222"]);
+    assert_eq!(config.state.partitioned.partitions, 8);
+    assert!(config.events.path.is_none());
+    let bad = partitioned
+        .replace("urls = [\"nats://127.0.0.1:4222\"]", "urls = []")
+        .replace("partitions = 8", "partitions = 0")
+        .replace(
+            "# path = \"geogate-events.ndjson\"",
+            "path = \"geogate-events.ndjson\"",
+        );
     let Err(ConfigError::Invalid(problems)) = Config::parse(&bad) else {
         panic!("expected an invalid config");
     };
@@ -185,42 +241,50 @@ fn the_redis_state_backend_is_checked_and_names_its_field() {
 }
 
 /// A key of one state backend under another is refused by name, not
-/// silently ignored: a `path` under `backend = "redis"` would otherwise
-/// suggest a file that nothing writes.
+/// silently ignored: a `path` under `backend = "partitioned"` would
+/// otherwise suggest a file that nothing writes.
 #[test]
 fn a_state_key_the_backend_does_not_read_is_refused_by_name() {
-    let redis = support::example::with_redis_state("redis://127.0.0.1:6379");
-    let with_path = redis.replace(
+    let partitioned = support::example::with_partitioned_state("nats://127.0.0.1:4222");
+    let with_path = partitioned.replace(
         "# path = \"geogate-state.sqlite\"",
         "path = \"geogate-state.sqlite\"",
     );
-    assert_ne!(with_path, redis, "the example documents state.path");
+    assert_ne!(with_path, partitioned, "the example documents state.path");
     let Err(ConfigError::Invalid(problems)) = Config::parse(&with_path) else {
-        panic!("expected a path under the redis backend to be refused");
+        panic!("expected a path under the partitioned backend to be refused");
     };
     let problem = problems
         .iter()
         .find(|p| p.field == "state.path")
         .unwrap_or_else(|| panic!("state.path not in {problems:?}"));
-    assert!(problem.message.contains("redis"), "{}", problem.message);
-    // And the other way round: a Redis key under the embedded backend.
+    assert!(
+        problem.message.contains("partitioned"),
+        "{}",
+        problem.message
+    );
+    // And the other way round: a partitioned key under the embedded
+    // backend, and a key only the retired redis backend read.
     let text = std::fs::read_to_string("config/geogate.toml").unwrap();
     let (head, state) = text.split_at(text.find("[state]").unwrap());
-    let urls = format!(
+    let foreign = format!(
         "{head}{}",
-        state.replace(
-            "# urls = [\"redis://127.0.0.1:6379\"]",
-            "urls = [\"redis://127.0.0.1:6379\"]",
-        )
+        state
+            .replace(
+                "# urls = [\"nats://127.0.0.1:4222\"]",
+                "urls = [\"nats://127.0.0.1:4222\"]",
+            )
+            .replacen("[state]\n", "[state]\nprefix = \"geogate\"\n", 1)
     );
-    let Err(ConfigError::Invalid(problems)) = Config::parse(&urls) else {
-        panic!("expected urls under the embedded backend to be refused");
+    let Err(ConfigError::Invalid(problems)) = Config::parse(&foreign) else {
+        panic!("expected urls and prefix under the embedded backend to be refused");
     };
     assert_eq!(
         problems
             .iter()
             .map(|p| p.field.as_str())
             .collect::<Vec<_>>(),
-        ["state.urls"]
+        ["state.urls", "state.prefix"]
     );
+    assert!(problems[1].message.contains("retired"), "{problems:?}");
 }

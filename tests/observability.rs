@@ -194,33 +194,7 @@ fn dashboard_and_alerts_work_against_a_real_prometheus() {
         None,
     );
     geogate.wait_for_log("subscribed", 1);
-    // The shared state's panels need an instance with the redis backend:
-    // one on the same broker that takes no telemetry (the first one's
-    // counts stay the whole stream's).
-    let shared_dir = tempfile::tempdir().unwrap();
-    let shared = GeogateProcess::launch_with(
-        shared_dir.path(),
-        &Setup {
-            embedded: false,
-            events_mqtt: false,
-            client_id: "geogate-prom-shared",
-            gate: "kind = \"token\"\nrate = 1000\nburst = 1000",
-            ..setup
-        },
-        |config| {
-            let config = config.replace(
-                r#"topics = ["fleet/+/telemetry", "owntracks/+/+"]"#,
-                r#"topics = ["nothing/+"]"#,
-            );
-            support::redis::with_shared_state(&config, &[redis.url()], 30.0)
-        },
-        None,
-    );
-    shared.wait_for_log("subscribed", 1);
-    let prometheus = start_prometheus(
-        &prometheus_bin,
-        &[geogate.metrics_port, shared.metrics_port],
-    );
+    let prometheus = start_prometheus(&prometheus_bin, &[geogate.metrics_port]);
 
     // A burst of pings that crosses the watermark, some High movement
     // through the fences, and a few bad payloads.
@@ -272,7 +246,7 @@ fn dashboard_and_alerts_work_against_a_real_prometheus() {
         }
     }
     let alerts = alert_exprs();
-    assert_eq!(alerts.len(), 14);
+    assert_eq!(alerts.len(), 13);
     for expr in alerts {
         let v = query(prometheus.port, &expr);
         assert_eq!(v["status"], "success", "alert {expr}: {v}");

@@ -457,18 +457,6 @@ impl TwoBrokers {
     /// (with one, fixes are acked once held, and intake is held from the
     /// first one that arrives after the queue filled).
     fn geogate(&self, dir: &Path, id: &str, max_pending: usize, max_age_s: f64) -> GeogateProcess {
-        self.geogate_on(dir, id, max_pending, max_age_s, None)
-    }
-
-    /// [`TwoBrokers::geogate`], its state in Redis at `redis` if given.
-    fn geogate_on(
-        &self,
-        dir: &Path,
-        id: &str,
-        max_pending: usize,
-        max_age_s: f64,
-        redis: Option<&str>,
-    ) -> GeogateProcess {
         let events_port = self.events.port;
         let mut geogate = GeogateProcess::prepare(
             dir,
@@ -477,18 +465,12 @@ impl TwoBrokers {
                 ..setup(self.intake.port, id, "reorder_window_ms = 0")
             },
             |config| {
-                let config = config.replace(
+                config.replace(
                     "mqtt = true\n",
                     &format!(
                         "mqtt = true\nmqtt_port = {events_port}\nmax_pending = {max_pending}\nmqtt_max_age_s = {max_age_s}\n"
                     ),
-                );
-                match redis {
-                    Some(url) => {
-                        support::redis::with_shared_state(&config, &[url.to_owned()], 60.0)
-                    }
-                    None => config,
-                }
+                )
             },
         );
         geogate.restart();
@@ -980,7 +962,7 @@ fn backlog_line(seq: u64) -> String {
 /// [`BIG_BACKLOG`] transitions committed and unconfirmed by the broker, and
 /// at the restart resident memory stays far below the backlog's size while
 /// the MQTT queue is full. Once the broker is back every one arrives.
-fn a_big_backlog_is_streamed(redis: Option<&str>, backlog: impl FnOnce(&Path)) {
+fn a_big_backlog_is_streamed(backlog: impl FnOnce(&Path)) {
     let Some(mut brokers) = TwoBrokers::start() else {
         return;
     };
@@ -988,7 +970,7 @@ fn a_big_backlog_is_streamed(redis: Option<&str>, backlog: impl FnOnce(&Path)) {
     let published = subscribe_kept(&runtime, brokers.events.port);
     brokers.events.stop();
     let dir = tempfile::tempdir().unwrap();
-    let mut geogate = brokers.geogate_on(dir.path(), "big-outbox", 1000, 3600.0, redis);
+    let mut geogate = brokers.geogate(dir.path(), "big-outbox", 1000, 3600.0);
     std::thread::sleep(Duration::from_secs(1));
     let baseline = rss_kib(geogate.pid());
     let (ok, stdout) = geogate.stop();
@@ -1034,7 +1016,7 @@ fn a_big_backlog_is_streamed(redis: Option<&str>, backlog: impl FnOnce(&Path)) {
 #[test]
 fn a_large_outbox_is_streamed_at_a_restart_not_loaded_whole() {
     let _serial = exclusive();
-    a_big_backlog_is_streamed(None, |dir| {
+    a_big_backlog_is_streamed(|dir| {
         // Committed, in the events file, and none confirmed by the broker.
         let mut conn = rusqlite::Connection::open(dir.join("state.sqlite")).unwrap();
         let tx = conn.transaction().unwrap();
@@ -1070,19 +1052,6 @@ fn a_large_outbox_is_streamed_at_a_restart_not_loaded_whole() {
         ))
         .unwrap();
         tx.commit().unwrap();
-    });
-}
-
-/// With the redis backend the backlog is read back from the events file
-/// past the output's cursor, a page at a time.
-#[test]
-fn with_redis_a_large_backlog_is_streamed_from_the_events_file_not_loaded_whole() {
-    let _serial = exclusive();
-    let Some(redis) = support::redis::Redis::start() else {
-        return;
-    };
-    a_big_backlog_is_streamed(Some(&redis.url()), |dir| {
-        std::fs::write(dir.join("events.ndjson.mqtt-cursor"), "0").unwrap();
     });
 }
 

@@ -150,13 +150,6 @@ pub fn lock(path: &Path) -> io::Result<File> {
     }
 }
 
-/// The events file and the files rotated away from it, newest first.
-fn newest_first(path: &Path) -> io::Result<Vec<PathBuf>> {
-    let mut files = vec![path.to_owned()];
-    files.extend(rotated_files(path)?.into_iter().rev().map(|r| r.path));
-    Ok(files)
-}
-
 fn read_one(path: &Path) -> io::Result<Tail> {
     let mut file = match File::open(path) {
         Ok(f) => f,
@@ -188,30 +181,6 @@ fn read_one(path: &Path) -> io::Result<Tail> {
     })
 }
 
-/// The `id`s on the last `n` complete lines of `path` (a missing file has
-/// none): what a consumer that may have written a transition just before a
-/// crash checks before writing it again.
-pub fn recent_ids(path: &Path, n: usize) -> io::Result<std::collections::HashSet<String>> {
-    let mut ids = std::collections::HashSet::new();
-    let mut lines = 0;
-    for file in newest_first(path)? {
-        each_complete_line_backwards(&file, n - lines, |line| {
-            lines += 1;
-            if let Some(id) = serde_json::from_slice::<serde_json::Value>(line)
-                .ok()
-                .and_then(|v| v.get("id").and_then(|id| id.as_str().map(str::to_owned)))
-            {
-                ids.insert(id);
-            }
-            true
-        })?;
-        if lines >= n {
-            break;
-        }
-    }
-    Ok(ids)
-}
-
 /// Cuts off the torn last line [`read`] found. Only the process holding
 /// the state file's lock may call it: the file is that process's.
 pub fn cut_torn(path: &Path, tail: &Tail) -> io::Result<()> {
@@ -224,30 +193,11 @@ pub fn cut_torn(path: &Path, tail: &Tail) -> io::Result<()> {
     file.sync_data()
 }
 
-/// [`each_line_backwards`] over the complete lines of the file at `path`
-/// (a missing file has none).
-fn each_complete_line_backwards(
-    path: &Path,
-    n: usize,
-    visit: impl FnMut(&[u8]) -> bool,
-) -> io::Result<()> {
-    let mut file = match File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    let len = file.metadata()?.len();
-    match last_newline(&mut file, len, u64::MAX)? {
-        Some(end) => each_line_backwards(&mut file, end, n, visit),
-        None => Ok(()),
-    }
-}
-
 /// Calls `visit` on up to `n` complete lines, the last first, the last one
 /// ending at the newline at offset `end`, until `visit` returns false.
 /// Reads backwards in chunks, each byte once (a line longer than a chunk
 /// is put together across chunks).
-pub(super) fn each_line_backwards(
+fn each_line_backwards(
     file: &mut File,
     end: u64,
     n: usize,
@@ -299,6 +249,25 @@ pub(super) fn each_line_backwards(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`each_line_backwards`] over the complete lines of the file at `path`
+    /// (a missing file has none).
+    fn each_complete_line_backwards(
+        path: &Path,
+        n: usize,
+        visit: impl FnMut(&[u8]) -> bool,
+    ) -> io::Result<()> {
+        let mut file = match File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let len = file.metadata()?.len();
+        match last_newline(&mut file, len, u64::MAX)? {
+            Some(end) => each_line_backwards(&mut file, end, n, visit),
+            None => Ok(()),
+        }
+    }
 
     #[test]
     fn lines_are_read_backwards_whole_across_chunk_edges() {

@@ -1,8 +1,8 @@
-//! Committed transitions out, written once for every state backend: the
-//! events file ([`writer`], exactly once by seq) and MQTT ([`publisher`],
-//! at least once by id). A backend hands committed [`outbox`] entries to
-//! a [`relay`] (the local backends) or writes them itself through the same
-//! writer and publisher (the redis backend's stream consumer).
+//! Committed transitions out, written once for the local state backends:
+//! the events file ([`writer`], exactly once by seq) and MQTT
+//! ([`publisher`], at least once by id). A backend hands committed
+//! [`outbox`] entries to a [`relay`]. (The partitioned backend publishes
+//! its own to the engine's events stream instead.)
 //!
 //! Each output keeps a cursor ([`Cursors`]): the last seq it holds. A
 //! store prunes its outbox only up to the lower of the two, so an entry
@@ -20,7 +20,6 @@
 //!   then the publisher.
 
 pub mod config;
-pub mod events_backlog;
 pub mod events_file;
 pub mod metrics;
 pub mod outbox;

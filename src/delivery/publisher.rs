@@ -10,9 +10,8 @@
 //!
 //! The cursor (the last seq the broker has everything up to) moves only
 //! when the broker has acked every publish handed to the client since it
-//! last moved; until then the entries stay queued and in the outbox (with
-//! the redis backend: in the events file after the cursor file's seq, see
-//! `state::redis::output_cursor`), so a crash sends them again (same `id`).
+//! last moved; until then the entries stay queued and in the outbox, so a
+//! crash sends them again (same `id`).
 //! When entries in flight expire, the connection is replaced, so that acks
 //! for publishes given up on are never counted for later ones. The
 //! connection keeps

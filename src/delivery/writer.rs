@@ -54,10 +54,6 @@ pub struct EventsWriter {
     /// `<path>.lock`, held for the writer's life: no second geogate
     /// writes the file.
     _lock: File,
-    /// Cursors of outputs that read their backlog back from these files
-    /// (the redis backend's MQTT and webhook): a rotated file holding a
-    /// seq past any of them is kept, whatever `rotate_keep` says.
-    read_back_by: Vec<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// How often, at most, the file is synced under `fsync = "flush"`: the
@@ -114,14 +110,7 @@ impl EventsWriter {
             first_seq,
             started: Instant::now(),
             _lock: lock,
-            read_back_by: Vec::new(),
         })
-    }
-
-    /// Keeps rotated files holding seqs past `cursor` (an output that
-    /// reads its backlog back from the files at a restart).
-    pub fn keep_files_for(&mut self, cursor: Arc<std::sync::atomic::AtomicU64>) {
-        self.read_back_by.push(cursor);
     }
 
     pub fn path(&self) -> &Path {
@@ -382,21 +371,8 @@ impl EventsWriter {
                 return;
             }
         };
-        let needed_after = self
-            .read_back_by
-            .iter()
-            .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
-            .min()
-            .unwrap_or(u64::MAX);
         let past = rotated.len().saturating_sub(keep);
         for old in &rotated[..past] {
-            if old.last > needed_after {
-                tracing::info!(
-                    "events file {} kept past events.rotate_keep: an output has not confirmed seqs after {needed_after}",
-                    old.path.display()
-                );
-                break;
-            }
             match std::fs::remove_file(&old.path) {
                 Ok(()) => tracing::info!(
                     "events file {} deleted (seqs {}..={}, past events.rotate_keep)",

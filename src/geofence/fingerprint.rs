@@ -1,6 +1,7 @@
-//! A fence set's identity: instances that share state must probe with the
-//! same fences and settings to reach the same answers, and compare this
-//! fingerprint to see whether they do.
+//! A fence set's identity: partitioned instances must run the same fences
+//! and settings for a partition to give the same answers whichever of them
+//! owns it, and compare this fingerprint (in their heartbeats) to see
+//! whether they do.
 
 use super::EvaluatorSettings;
 use sha2::{Digest, Sha256};

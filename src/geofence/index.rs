@@ -224,41 +224,6 @@ impl FenceIndex {
         sort_dedup_from(out, 0);
     }
 
-    /// Appends to `out` (unsorted, possibly repeated) every fence with a
-    /// part whose envelope comes within `metres` of `p`: a superset of the
-    /// fences whose boundary is that close, for the caller to test exactly.
-    /// Boxes across ±180° are looked up on both sides.
-    pub fn near(&self, p: Coord<f64>, metres: f64, out: &mut Vec<FenceIdx>) {
-        // Degrees per metre, rounded so the box only ever grows: a degree
-        // of latitude is at least 110.5 km, of longitude that times cos φ.
-        let dlat = metres / 110_000.0;
-        let cos = p.y.to_radians().cos();
-        let dlon = if cos > 1e-6 {
-            (metres / (110_000.0 * cos)).min(360.0)
-        } else {
-            360.0
-        };
-        // The box itself, and its parts wrapped past ±180° (if any): an
-        // array, not a Vec, since this runs for every fix.
-        let wrapped_east = (p.x + dlon > 180.0).then_some((-180.0, p.x + dlon - 360.0));
-        let wrapped_west = (p.x - dlon < -180.0).then_some((p.x - dlon + 360.0, 180.0));
-        let boxes = [Some((p.x - dlon, p.x + dlon)), wrapped_east, wrapped_west];
-        for (west, east) in boxes.into_iter().flatten() {
-            let probe = AABB::from_corners(
-                [f32_down(west), f32_down(p.y - dlat)],
-                [f32_up(east), f32_up(p.y + dlat)],
-            );
-            for layer in self.layers() {
-                out.extend(
-                    layer
-                        .tree
-                        .locate_in_envelope_intersecting(&probe)
-                        .map(|e| e.data.fence),
-                );
-            }
-        }
-    }
-
     /// The same answer as [`Self::containing`] by testing every fence: the
     /// reference the R-tree path is checked and benchmarked against.
     pub fn containing_linear(&self, p: Coord<f64>, out: &mut Vec<FenceIdx>) {

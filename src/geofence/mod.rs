@@ -17,7 +17,6 @@ pub mod index;
 mod packed_cells;
 mod position;
 mod prefetch;
-pub mod probe;
 pub mod reload;
 pub mod ring;
 pub mod shape;

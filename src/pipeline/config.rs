@@ -25,8 +25,7 @@ pub struct PipelineConfig {
     /// How long each fix waits in its vehicle's reorder window, in ms of
     /// the receive clock, so that fixes arriving out of order (a device's
     /// buffer sent after its live fix, or newest first) are applied in
-    /// fix-time order. Unset: [`DEFAULT_REORDER_WINDOW_MS`] with a local
-    /// state backend, 0 with Redis, which applies each fix on arrival.
+    /// fix-time order. Unset: [`DEFAULT_REORDER_WINDOW_MS`].
     pub reorder_window_ms: Option<u64>,
 }
 

@@ -2,13 +2,13 @@
 //!
 //! The section is flat in the file (`backend`, `path`, `urls`, ...); here
 //! each backend's keys are grouped under it ([`EmbeddedConfig`],
-//! [`RedisConfig`]), whose defaults and checks live in the backend's own
-//! folder, and a key that the chosen backend does not read is refused by
-//! name rather than silently ignored.
+//! [`PartitionedConfig`]), and a key that the chosen backend does not read
+//! is refused by name rather than silently ignored.
 
 use crate::problems::Problems;
 use crate::sink::config::FsyncPolicy;
 pub use crate::state::partitioned::config::PartitionedConfig;
+use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -19,8 +19,9 @@ pub enum StateBackend {
     Memory,
     /// A SQLite file at `path` (see `state::embedded`).
     Embedded,
-    /// Redis (a node or a Cluster) at `urls`, shared by every instance
-    /// (see `state::redis`). Retired: `config check` refuses it.
+    /// Retired: vehicle state shared in Redis. Still parsed, so that
+    /// `config check` can refuse it with the way to migrate rather than
+    /// as an unknown word.
     Redis,
     /// Ordered partitions in NATS JetStream at `urls`, one owner each
     /// (see `state::partitioned`).
@@ -54,7 +55,6 @@ pub struct StateConfig {
     /// says so. Never read from the file, like `reset`.
     pub accept_events_gap: bool,
     pub embedded: EmbeddedConfig,
-    pub redis: RedisConfig,
     pub partitioned: PartitionedConfig,
     /// The backend-specific keys the file set, to refuse those the chosen
     /// backend does not read.
@@ -69,7 +69,6 @@ impl Default for StateConfig {
             reset: false,
             accept_events_gap: false,
             embedded: EmbeddedConfig::default(),
-            redis: RedisConfig::default(),
             partitioned: PartitionedConfig::default(),
             written: Vec::new(),
         }
@@ -83,23 +82,11 @@ pub struct EmbeddedConfig {
     pub path: PathBuf,
 }
 
-/// The redis backend's keys (see `super::redis`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct RedisConfig {
-    /// One node, or a Cluster's seed nodes (then `cluster = true`).
-    pub urls: Vec<String>,
-    pub cluster: bool,
-    /// Instances with the same prefix share the vehicles' state.
-    pub prefix: String,
-    /// Vehicles are spread over this many outbox streams; every instance
-    /// must use the same number (checked at start).
-    pub partitions: u32,
-    /// Another instance's undelivered transitions are taken over after it
-    /// has been silent this long.
-    pub claim_idle_s: f64,
-    /// For each connect and each reply, in milliseconds.
-    pub timeout_ms: u64,
-}
+/// Keys only the retired redis backend read. Still accepted by the
+/// parser, so that a config written for it reaches `config check` and
+/// hears how to migrate, instead of failing on an unknown key; refused
+/// there by name under any backend that checks its keys.
+const RETIRED_REDIS_KEYS: &[&str] = &["cluster", "prefix", "claim_idle_s"];
 
 /// `[state]` as the file spells it.
 #[derive(Deserialize)]
@@ -109,11 +96,13 @@ struct StateSection {
     fsync: Option<FsyncPolicy>,
     path: Option<PathBuf>,
     urls: Option<Vec<String>>,
-    cluster: Option<bool>,
-    prefix: Option<String>,
     partitions: Option<u32>,
-    claim_idle_s: Option<f64>,
     timeout_ms: Option<u64>,
+    // The retired redis backend's own keys: only whether they are there
+    // matters (see `RETIRED_REDIS_KEYS`).
+    cluster: Option<IgnoredAny>,
+    prefix: Option<IgnoredAny>,
+    claim_idle_s: Option<IgnoredAny>,
     lease_term_s: Option<f64>,
     snapshot_every: Option<u64>,
     keep_input: Option<bool>,
@@ -155,7 +144,7 @@ impl From<StateSection> for StateConfig {
         let e = &mut c.embedded;
         e.path = s.path.unwrap_or_else(|| e.path.clone());
         let p = &mut c.partitioned;
-        p.urls = s.urls.clone().unwrap_or_default();
+        p.urls = s.urls.unwrap_or_default();
         p.partitions = s.partitions.unwrap_or(p.partitions);
         p.timeout_ms = s.timeout_ms.unwrap_or(p.timeout_ms);
         p.lease_term_s = s.lease_term_s.unwrap_or(p.lease_term_s);
@@ -167,13 +156,6 @@ impl From<StateSection> for StateConfig {
         p.ca = s.ca;
         p.cert = s.cert;
         p.key = s.key;
-        let r = &mut c.redis;
-        r.urls = s.urls.unwrap_or_default();
-        r.cluster = s.cluster.unwrap_or(r.cluster);
-        r.prefix = s.prefix.unwrap_or_else(|| r.prefix.clone());
-        r.partitions = s.partitions.unwrap_or(r.partitions);
-        r.claim_idle_s = s.claim_idle_s.unwrap_or(r.claim_idle_s);
-        r.timeout_ms = s.timeout_ms.unwrap_or(r.timeout_ms);
         c.written = written;
         c
     }
@@ -183,23 +165,29 @@ impl StateConfig {
     /// Checks the chosen backend's keys; `events` and `dead_letter` are
     /// the other files the run writes, which the state must not share.
     pub fn check(&self, events: Option<&Path>, dead_letter: &Path, problems: &mut Problems) {
-        // The memory backend keeps nothing, so another backend's keys left
-        // in the file (switched to memory for a throwaway run) are harmless.
-        let (reads, other): (&[&str], &str) = match self.backend {
-            StateBackend::Memory => (&[], ""),
-            StateBackend::Embedded => (EmbeddedConfig::KEYS, "another backend"),
-            StateBackend::Redis => (RedisConfig::KEYS, "the embedded backend's file"),
-            StateBackend::Partitioned => (PartitionedConfig::KEYS, "another backend"),
+        let reads: Option<&[&str]> = match self.backend {
+            // The memory backend keeps nothing, so another backend's keys
+            // left in the file (switched to memory for a throwaway run) are
+            // harmless; the redis backend is refused whole below, which is
+            // what its user needs to hear.
+            StateBackend::Memory | StateBackend::Redis => None,
+            StateBackend::Embedded => Some(EmbeddedConfig::KEYS),
+            StateBackend::Partitioned => Some(PartitionedConfig::KEYS),
         };
-        let foreign = self.written.iter().filter(|k| !reads.contains(k));
-        for key in foreign.take_while(|_| self.backend != StateBackend::Memory) {
-            problems.add(
-                format!("state.{key}"),
+        let foreign = reads
+            .into_iter()
+            .flat_map(|reads| self.written.iter().filter(move |k| !reads.contains(k)));
+        for key in foreign {
+            let message = if RETIRED_REDIS_KEYS.contains(key) {
+                "a setting of the retired redis backend, read by no backend now; remove it"
+                    .to_owned()
+            } else {
                 format!(
-                    "not read by backend = \"{}\" (it is a setting for {other}); remove it or choose the backend it belongs to",
+                    "not read by backend = \"{}\" (it is a setting for another backend); remove it or choose the backend it belongs to",
                     self.backend.as_str()
-                ),
-            );
+                )
+            };
+            problems.add(format!("state.{key}"), message);
         }
         match self.backend {
             StateBackend::Memory => {}

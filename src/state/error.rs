@@ -18,10 +18,10 @@ pub enum StateError {
         path: PathBuf,
         source: std::io::Error,
     },
-    /// The redis backend (see [`super::redis`]): unreachable at start, or
-    /// configured unlike the instances already using it.
-    #[error("shared state: {0}")]
-    Shared(String),
+    /// A backend [`super::backends::open`] does not start: retired, or
+    /// run by [`crate::scale_out`] instead of one fixed set of shards.
+    #[error("state: {0}")]
+    Unsupported(&'static str),
     /// The webhook's HTTP client could not be built.
     #[error("events.webhook {0}")]
     Webhook(String),

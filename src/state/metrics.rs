@@ -7,13 +7,6 @@ use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 pub const EVALUATION_DURATION_SECONDS: &str = "geogate_evaluation_duration_seconds";
 pub const STATE_COMMIT_DURATION_SECONDS: &str = "geogate_state_commit_duration_seconds";
 pub const STATE_COMMIT_BATCHES: &str = "geogate_state_commit_batches";
-pub const STATE_REDIS_ERRORS_TOTAL: &str = "geogate_state_redis_errors_total";
-pub const STATE_REDIS_CONNECTED: &str = "geogate_state_redis_connected";
-pub const STATE_REDIS_UNAVAILABLE_SECONDS: &str = "geogate_state_redis_unavailable_seconds";
-pub const OUTBOX_DELIVERED_TOTAL: &str = "geogate_outbox_delivered_total";
-pub const OUTBOX_CLAIMED_TOTAL: &str = "geogate_outbox_claimed_total";
-pub const OUTBOX_PENDING_ENTRIES: &str = "geogate_outbox_pending_entries";
-pub const OUTBOX_LAG_ENTRIES: &str = "geogate_outbox_lag_entries";
 pub const FENCE_SETS_LIVE: &str = "geogate_fence_sets_live";
 pub const STATE_STORE_BYTES: &str = "geogate_state_store_bytes";
 pub const FENCE_TRANSITIONS_BY_FENCE_TOTAL: &str = "geogate_fence_transitions_by_fence_total";
@@ -50,52 +43,17 @@ pub fn describe() {
     describe_histogram!(
         STATE_COMMIT_DURATION_SECONDS,
         Unit::Seconds,
-        "One state transaction: the vehicle records and outbox entries of every batch waiting for it (backend = redis: one batch's script calls, all partitions)."
+        "One state transaction: the vehicle records and outbox entries of every batch waiting for it (memory and embedded state)."
     );
     describe_histogram!(
         STATE_COMMIT_BATCHES,
         Unit::Count,
         "Worker batches per state transaction (group commit)."
     );
-    describe_counter!(
-        STATE_REDIS_ERRORS_TOTAL,
-        Unit::Count,
-        "Failed calls to the shared state in Redis (backend = redis): the batch stays unacked and is retried."
-    );
-    describe_gauge!(
-        STATE_REDIS_CONNECTED,
-        Unit::Count,
-        "1 while the shared state's Redis answers (backend = redis), 0 during an outage."
-    );
-    describe_gauge!(
-        STATE_REDIS_UNAVAILABLE_SECONDS,
-        Unit::Seconds,
-        "Seconds the shared state's Redis has not answered since start (backend = redis)."
-    );
-    describe_counter!(
-        OUTBOX_DELIVERED_TOTAL,
-        Unit::Count,
-        "Transitions this instance took from the shared outbox streams and wrote to its events file."
-    );
-    describe_counter!(
-        OUTBOX_CLAIMED_TOTAL,
-        Unit::Count,
-        "Outbox entries taken over from an instance silent for longer than state.claim_idle_s."
-    );
-    describe_gauge!(
-        OUTBOX_PENDING_ENTRIES,
-        Unit::Count,
-        "Outbox entries the consumer group has handed out and not had acked, over all partitions (the same from every instance)."
-    );
-    describe_gauge!(
-        OUTBOX_LAG_ENTRIES,
-        Unit::Count,
-        "Outbox entries not yet handed out to any instance, over all partitions (Redis 7 or later)."
-    );
     describe_gauge!(
         FENCE_SETS_LIVE,
         Unit::Count,
-        "Distinct fence sets (fence file and rule settings) among the live instances sharing state; above 1 while a rollout is half done."
+        "Distinct fence sets (fence file and rule settings) among the live partitioned instances, as their heartbeats' fingerprints say (backend = partitioned); above 1 while a rollout is half done."
     );
     describe_gauge!(
         STATE_STORE_BYTES,

@@ -19,11 +19,10 @@
 //!   to [`crate::delivery`]. Two stores fit it:
 //!   * [`memory`]: keeps nothing (benchmarks, throwaway runs);
 //!   * [`embedded`]: one SQLite file (`[state] backend = "embedded"`);
-//! * [`redis`]: the memberships in Redis, shared by every instance; the
-//!   rules run server-side, and each instance delivers from its streams.
 //! * [`partitioned`]: scale-out on ordered partitions, one owner each,
-//!   committing to a log in NATS JetStream (decision 0025); so far its
-//!   commit log and leases, not yet a backend `open` knows.
+//!   committing to a log in NATS JetStream (decision 0025). Its shards
+//!   come and go with ownership, so [`crate::scale_out`] runs it rather
+//!   than [`backends::open`].
 //!
 //! [`backends::open`] is the one place that knows every backend.
 
@@ -35,9 +34,8 @@ pub mod local;
 pub mod memory;
 pub mod metrics;
 pub mod partitioned;
-pub mod redis;
 
-pub use config::{EmbeddedConfig, RedisConfig, StateBackend, StateConfig};
+pub use config::{EmbeddedConfig, StateBackend, StateConfig};
 pub use error::StateError;
 
 use crate::delivery::Outputs;
@@ -48,7 +46,6 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
-use tokio::sync::watch;
 
 /// A future a backend returns through the seam's trait objects.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -174,10 +171,6 @@ pub struct OpenContext {
     /// The outputs after the events file.
     pub outputs: Outputs,
     pub settings: EvaluatorSettings,
-    /// This instance's name among instances sharing state.
-    pub instance: String,
-    /// The loaded fence set's fingerprint, kept current across reloads.
-    pub fence_fingerprint: watch::Receiver<String>,
     /// The fence set loaded at start: restored memberships of fences no
     /// longer in it are dropped, and the store told so, before anything
     /// runs.

@@ -1,22 +1,28 @@
-//! The example config (`config/geogate.toml`) switched to the redis state
-//! backend, for the tests of that backend's checks.
+//! The example config (`config/geogate.toml`) switched to the partitioned
+//! state backend, for the tests of that backend's checks.
 
-/// The example with `[state] backend = "redis"` at `url`, 16 partitions,
-/// an events file (which that backend needs) and the example's MQTT events.
-pub fn with_redis_state(url: &str) -> String {
+/// The example with `[state] backend = "partitioned"` at `url`, 8
+/// partitions, and its MQTT events off (a partitioned instance writes no
+/// events file to send them from).
+pub fn with_partitioned_state(url: &str) -> String {
     let text = std::fs::read_to_string("config/geogate.toml").expect("example config");
     // Only the [state] section's commented keys are switched on: the
     // global allowance documents a `urls` line too.
     let (head, state) = text.split_at(text.find("[state]").expect("a [state] section"));
-    let state = state
-        .replace("# backend = \"embedded\"", "backend = \"redis\"")
+    let switched = state
+        .replace("# backend = \"embedded\"", "backend = \"partitioned\"")
         .replace(
-            "# urls = [\"redis://127.0.0.1:6379\"]",
+            "# urls = [\"nats://127.0.0.1:4222\"]",
             &format!("urls = [\"{url}\"]"),
         )
-        .replace("# partitions = 16", "partitions = 16");
-    format!("{head}{state}").replace(
-        "# path = \"geogate-events.ndjson\"",
-        "path = \"geogate-events.ndjson\"",
-    )
+        .replace("# partitions = 16", "partitions = 8");
+    assert_eq!(
+        switched.matches("\nbackend = ").count()
+            + switched.matches("\nurls = ").count()
+            + switched.matches("\npartitions = ").count(),
+        3,
+        "the example documents backend, urls and partitions under [state]"
+    );
+    let head = head.replace("mqtt = true ", "mqtt = false ");
+    format!("{head}{switched}")
 }

@@ -1,7 +1,7 @@
-//! Real redis-servers on free loopback ports: a single node, or a
-//! three-master Cluster. Data is kept in an append-only file synced on
-//! every write, so a node restarted on its port finds its keys (the
-//! allowance's bucket, vehicle records, outbox streams) where they were.
+//! A real redis-server on a free loopback port, for the global allowance's
+//! shared bucket. Data is kept in an append-only file synced on every
+//! write, so a server restarted on its port finds its keys (the bucket)
+//! where they were.
 
 use super::{binary, free_port, require, wait_for_child_port};
 use std::path::PathBuf;
@@ -12,8 +12,6 @@ pub struct Redis {
     child: Option<Child>,
     binary: PathBuf,
     dir: tempfile::TempDir,
-    /// Further server arguments (cluster mode).
-    extra: Vec<String>,
 }
 
 impl Redis {
@@ -31,7 +29,6 @@ impl Redis {
                 child: None,
                 binary: binary.clone(),
                 dir: tempfile::tempdir().expect("tempdir"),
-                extra: Vec::new(),
             };
             if redis.spawn() {
                 return Some(redis);
@@ -58,7 +55,6 @@ impl Redis {
             .arg("--dir")
             .arg(self.dir.path())
             .args(["--loglevel", "warning"])
-            .args(&self.extra)
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("spawn redis-server");
@@ -88,111 +84,4 @@ impl Drop for Redis {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-/// A Redis Cluster of three masters (no replicas) on loopback, each with a
-/// synced append-only file, so a restarted master comes back with its
-/// slots and its data. Other masters keep serving their slots while one is
-/// down (`cluster-require-full-coverage no`).
-pub struct RedisCluster {
-    pub nodes: Vec<Redis>,
-}
-
-impl RedisCluster {
-    pub fn start() -> Option<Self> {
-        let server = require(
-            "redis-server (apt-get install redis-server)",
-            binary("redis-server"),
-        )?;
-        let cli = require(
-            "redis-cli (apt-get install redis-tools)",
-            binary("redis-cli"),
-        )?;
-        let mut nodes = Vec::new();
-        while nodes.len() < 3 {
-            // The cluster bus listens on port + 10000: both must be free.
-            let port = free_port();
-            if port > 55_000 || std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_err() {
-                continue;
-            }
-            let mut node = Redis {
-                port,
-                child: None,
-                binary: server.clone(),
-                dir: tempfile::tempdir().expect("tempdir"),
-                extra: vec![
-                    "--cluster-enabled".into(),
-                    "yes".into(),
-                    "--cluster-node-timeout".into(),
-                    "2000".into(),
-                    "--cluster-require-full-coverage".into(),
-                    "no".into(),
-                ],
-            };
-            if node.spawn() {
-                nodes.push(node);
-            }
-        }
-        let mut create = Command::new(&cli);
-        create.arg("--cluster").arg("create");
-        for node in &nodes {
-            create.arg(format!("127.0.0.1:{}", node.port));
-        }
-        let out = create
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .output()
-            .expect("redis-cli --cluster create");
-        assert!(
-            out.status.success(),
-            "cluster create: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        let cluster = Self { nodes };
-        cluster.wait_ok();
-        Some(cluster)
-    }
-
-    pub fn urls(&self) -> Vec<String> {
-        self.nodes.iter().map(Redis::url).collect()
-    }
-
-    /// Waits (≤ 30 s) until every node reports `cluster_state:ok`.
-    pub fn wait_ok(&self) {
-        let cli = binary("redis-cli").expect("redis-cli");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        for node in &self.nodes {
-            loop {
-                let out = Command::new(&cli)
-                    .args(["-p", &node.port.to_string(), "cluster", "info"])
-                    .output()
-                    .expect("redis-cli cluster info");
-                if String::from_utf8_lossy(&out.stdout).contains("cluster_state:ok") {
-                    break;
-                }
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "node {} never reported cluster_state:ok",
-                    node.port
-                );
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            }
-        }
-    }
-}
-
-/// A test config (as `GeogateProcess` writes it) with its `[state]` section
-/// switched to the redis backend at `urls` (several: a Cluster's seeds),
-/// 8 partitions, claiming a silent instance's entries after `claim_idle_s`.
-pub fn with_shared_state(config: &str, urls: &[String], claim_idle_s: f64) -> String {
-    let quoted: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
-    let state = format!(
-        "[state]\nbackend = \"redis\"\nurls = [{}]\ncluster = {}\npartitions = 8\nclaim_idle_s = {claim_idle_s}\n",
-        quoted.join(", "),
-        urls.len() > 1,
-    );
-    let start = config.find("[state]").expect("a [state] section");
-    let end = config[start..]
-        .find("\n[")
-        .map_or(config.len(), |n| start + n + 1);
-    format!("{}{state}{}", &config[..start], &config[end..])
 }

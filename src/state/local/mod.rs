@@ -350,7 +350,6 @@ mod tests {
     use crate::geofence::{Fix, parse_fences};
     use crate::shutdown::Drain;
     use crate::state::{Batch, Completion, Outcomes};
-    use tokio::sync::watch;
 
     /// Fence A (10.00–10.01°E, 50.00–50.01°N).
     const FENCE_A: &str = r#"{"type":"FeatureCollection","features":[
@@ -375,8 +374,6 @@ mod tests {
             events,
             outputs: Default::default(),
             settings,
-            instance: "test".into(),
-            fence_fingerprint: watch::channel(String::new()).1,
             fences: index(NO_FENCES),
             shards: 1,
             per_fence_labels: false,
