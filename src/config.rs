@@ -187,6 +187,12 @@ impl Config {
                 "with backend = \"partitioned\" transitions go to the engine's GEOGATE_EVENTS stream (README, \"Running several instances\"); events.mqtt and [events.webhook] send from this instance's events file, which it does not write",
             );
         }
+        if self.gate.global.is_some() {
+            problems.add(
+                "gate.global",
+                "with backend = \"partitioned\" nothing is shed: a backlog waits in the engine's partitions and each owner reads at its own pace, so no gate and no shared allowance apply; remove [gate.global]",
+            );
+        }
     }
 
     /// The membership rules' settings: the fences' own, and the reorder

@@ -189,13 +189,28 @@ struct Manager {
 impl Manager {
     async fn tick(&mut self, live: &BTreeMap<String, Heartbeat>) {
         self.reap_ended().await;
+        // Every lease is watched from the first tick that sees it, so one
+        // left by a dead instance runs out a term after its last renewal,
+        // not a term after this instance first wanted its partition.
+        let mut leases = match self.leases.all().await {
+            Ok(leases) => leases,
+            Err(e) => {
+                tracing::warn!("{e}");
+                self.stop_unrenewed().await;
+                return;
+            }
+        };
+        let now = Instant::now();
+        for lease in leases.values() {
+            self.watch.expired(lease, now);
+        }
         for p in 0..self.partitions {
             let wanted = owner_of(p, live.keys().map(String::as_str)).map(str::to_owned);
             let mine = wanted.as_deref() == Some(self.instance.as_str());
             if self.owned.contains_key(&p) {
                 self.keep_or_hand_over(p, mine, wanted).await;
             } else if mine {
-                self.try_take(p).await;
+                self.try_take(p, leases.remove(&p)).await;
             }
         }
         self.stop_unrenewed().await;
@@ -230,14 +245,9 @@ impl Manager {
         }
     }
 
-    async fn try_take(&mut self, p: u32) {
-        let current = match self.leases.current(p).await {
-            Ok(current) => current,
-            Err(e) => {
-                tracing::warn!("{e}");
-                return;
-            }
-        };
+    /// Takes partition `p`, whose lease is `current`, if that is free,
+    /// released, this instance's own, or run out.
+    async fn try_take(&mut self, p: u32, current: Option<Lease>) {
         let free = match &current {
             None => true,
             Some(l) if l.holder == RELEASED || l.holder == self.instance => true,

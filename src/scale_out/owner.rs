@@ -14,7 +14,8 @@ use crate::codec::{self, CodecSettings};
 use crate::geofence::{Evaluator, EvaluatorSettings, FenceIndex, Fix};
 use crate::model::{Telemetry, VehicleId};
 use crate::pipeline::metrics::{
-    DUPLICATES_IGNORED_TOTAL, EVENTS_EVALUATED_TOTAL, EVENTS_INVALID_TOTAL, EVENTS_RECEIVED_TOTAL, FIXES_LATE_TOTAL,
+    DUPLICATES_IGNORED_TOTAL, EVENTS_EVALUATED_TOTAL, MESSAGES_IGNORED_TOTAL, EVENTS_INVALID_TOTAL, EVENTS_RECEIVED_TOTAL,
+    FIXES_LATE_TOTAL,
 };
 use crate::source::jetstream::{InputFix, PartitionInput};
 use crate::state::local::shard::LocalShard;
@@ -33,8 +34,9 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
 /// Fixes read at most per batch: a commit of one batch stays well below
-/// the engine's message limit.
-const BATCH_MAX: usize = 1000;
+/// the engine's message limit (a fix adds its vehicle's record and its
+/// transitions, a few hundred bytes).
+const BATCH_MAX: usize = 500;
 
 /// How long a read waits for the first fix; an idle partition still gets
 /// a batch this often, for what falls due by the receive clock.
@@ -204,6 +206,7 @@ pub async fn own(
             through: input.position(),
             read: fixes.len() as u64,
             refused: decoded.refused_count,
+            ignored: decoded.ignored_count,
         };
         let done = Box::new(Counted {
             partition,
@@ -254,6 +257,7 @@ struct Decoded {
     fixes: Vec<(Telemetry, i64, u64, usize)>,
     refused: Vec<Record>,
     refused_count: u64,
+    ignored_count: u64,
 }
 
 fn decode(partition: u32, fixes: &[InputFix], codec: &CodecSettings) -> Decoded {
@@ -261,6 +265,7 @@ fn decode(partition: u32, fixes: &[InputFix], codec: &CodecSettings) -> Decoded 
         fixes: Vec::with_capacity(fixes.len()),
         refused: Vec::new(),
         refused_count: 0,
+        ignored_count: 0,
     };
     let received = metrics::counter!(EVENTS_RECEIVED_TOTAL);
     received.increment(fixes.len() as u64);
@@ -274,8 +279,16 @@ fn decode(partition: u32, fixes: &[InputFix], codec: &CodecSettings) -> Decoded 
                 let digest = codec::message_digest(&f.topic, &f.payload);
                 out.fixes.push((fix, f.stored_ms, digest, i));
             }
+            // Routine traffic that is not a fix (an OwnTracks status, a
+            // retained message cleared): ignored, as the MQTT pipeline does.
+            Err(e) if e.reason.is_ignored() => {
+                metrics::counter!(MESSAGES_IGNORED_TOTAL, "reason" => e.reason.as_str())
+                    .increment(1);
+                out.ignored_count += 1;
+            }
             Err(e) => {
-                metrics::counter!(EVENTS_INVALID_TOTAL, "reason" => e.reason.as_str()).increment(1);
+                metrics::counter!(EVENTS_INVALID_TOTAL, "reason" => e.reason.as_str())
+                    .increment(1);
                 out.refused_count += 1;
                 out.refused.push(Record {
                     received_ms: f.stored_ms,

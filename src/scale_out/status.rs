@@ -28,6 +28,7 @@ pub struct PartitionStatus {
 pub struct TotalsView {
     pub read: u64,
     pub refused: u64,
+    pub ignored: u64,
     pub evaluated: u64,
     pub held: u64,
     pub late: u64,
@@ -42,6 +43,7 @@ impl From<Totals> for TotalsView {
         Self {
             read: t.read,
             refused: t.refused,
+            ignored: t.ignored,
             evaluated: t.evaluated,
             held: t.held,
             late: t.late,

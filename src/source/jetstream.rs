@@ -126,8 +126,11 @@ impl PartitionInput {
         max: usize,
         wait: Duration,
     ) -> Result<InputBatch, InputError> {
+        let before = self.position;
         let read = self.read(max, wait).await;
         if read.is_err() {
+            // What this read took is dropped with it: read it again.
+            self.position = before;
             self.reader = None;
         }
         read

@@ -85,6 +85,8 @@ pub struct SourcePosition {
     pub read: u64,
     /// Of them, refused before the state (undecodable, a wrong clock).
     pub refused: u64,
+    /// Of them, not fixes and ignored (an OwnTracks status).
+    pub ignored: u64,
 }
 
 /// A fix the state found late: older than its vehicle's last applied fix

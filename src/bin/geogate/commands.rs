@@ -236,8 +236,7 @@ pub fn lab_trace(gate: GateSpec, path: PathBuf, format: Format) -> Result<ExitCo
 fn partitioned_state(
     config_path: &PathBuf,
 ) -> Result<geogate::state::partitioned::config::PartitionedConfig> {
-    let config =
-        Config::load(config_path).with_context(|| format!("{}", config_path.display()))?;
+    let config = Config::load(config_path).with_context(|| format!("{}", config_path.display()))?;
     if config.state.backend != geogate::config::StateBackend::Partitioned {
         bail!(
             "{}: [state] backend is not \"partitioned\": there are no partitions",
@@ -251,7 +250,9 @@ pub fn partitions_events(config_path: PathBuf, after: u64, follow: bool) -> Resu
     let state = partitioned_state(&config_path)?;
     let runtime = tokio::runtime::Runtime::new()?;
     let mut out = std::io::stdout().lock();
-    runtime.block_on(geogate::scale_out::events_tail::tail(&state, after, follow, &mut out))?;
+    runtime.block_on(geogate::scale_out::events_tail::tail(
+        &state, after, follow, &mut out,
+    ))?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -58,6 +58,8 @@ pub struct Totals {
     pub read: u64,
     /// Refused before the state (could not be decoded, a wrong clock).
     pub refused: u64,
+    /// Not fixes, ignored (an OwnTracks status).
+    pub ignored: u64,
     /// Applied on arrival, or taken into a reorder window.
     pub evaluated: u64,
     pub held: u64,
@@ -68,11 +70,15 @@ pub struct Totals {
     pub expired: u64,
 }
 
+/// How many counts a commit carries.
+const FIELDS: usize = 10;
+
 impl Totals {
-    fn fields(&self) -> [u64; 9] {
+    fn fields(&self) -> [u64; FIELDS] {
         [
             self.read,
             self.refused,
+            self.ignored,
             self.evaluated,
             self.held,
             self.late,
@@ -83,17 +89,18 @@ impl Totals {
         ]
     }
 
-    fn from_fields(f: [u64; 9]) -> Self {
+    fn from_fields(f: [u64; FIELDS]) -> Self {
         Self {
             read: f[0],
             refused: f[1],
-            evaluated: f[2],
-            held: f[3],
-            late: f[4],
-            duplicates: f[5],
-            enters: f[6],
-            exits: f[7],
-            expired: f[8],
+            ignored: f[2],
+            evaluated: f[3],
+            held: f[4],
+            late: f[5],
+            duplicates: f[6],
+            enters: f[7],
+            exits: f[8],
+            expired: f[9],
         }
     }
 }
@@ -181,7 +188,7 @@ impl CommitBody {
         let kind = r.take(1)?[0];
         let kind = Kind::of(kind).ok_or(BodyError::Kind(kind))?;
         let (base, input_through, next_seq) = (r.varint()?, r.varint()?, r.varint()?);
-        let mut fields = [0; 9];
+        let mut fields = [0; FIELDS];
         for f in &mut fields {
             *f = r.varint()?;
         }
@@ -238,7 +245,7 @@ mod tests {
         (
             0u8..4,
             (any::<u64>(), any::<u64>(), any::<u64>()),
-            proptest::array::uniform9(any::<u64>()),
+            proptest::array::uniform10(any::<u64>()),
             proptest::collection::vec(
                 (
                     "\\PC{0,20}",

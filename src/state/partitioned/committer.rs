@@ -10,10 +10,10 @@ use super::commit_body::{CommitBody, Kind};
 use super::commit_log::CommitLog;
 use super::events_stream::EventsStream;
 use super::metrics::{FENCED_WRITES_TOTAL, PARTITION_COMMIT_SECONDS, SNAPSHOTS_TOTAL};
-use crate::state::metrics::TRANSITION_LATENCY_SECONDS;
 use super::mirror::Mirror;
 use crate::delivery::outbox::partition_line;
 use crate::state::local::commit::CommitRequest;
+use crate::state::metrics::TRANSITION_LATENCY_SECONDS;
 use bytes::Bytes;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -99,6 +99,7 @@ impl PartitionCommitter {
                 input_through = input_through.max(p.through);
                 totals.read += p.read;
                 totals.refused += p.refused;
+                totals.ignored += p.ignored;
             }
             let o = &r.outcomes;
             totals.evaluated += o.evaluated;

@@ -42,7 +42,8 @@ impl EventsStream {
         partition: u32,
         max_age: Duration,
     ) -> Result<Self, PartitionError> {
-        js.get_or_create_stream(stream::Config {
+        // Made, or its retention brought to the configured one.
+        js.create_or_update_stream(stream::Config {
             name: STREAM.into(),
             subjects: vec!["events.*".into()],
             storage: stream::StorageType::File,

@@ -16,6 +16,8 @@ use async_nats::jetstream::stream::{self, LastRawMessageErrorKind};
 use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
 use std::collections::HashMap;
+use crate::jetstream_link::reader_after;
+use futures_util::StreamExt;
 use std::time::{Duration, Instant};
 
 pub const STREAM: &str = "GEOGATE_LEASES";
@@ -72,6 +74,59 @@ impl Leases {
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
             Err(e) => Err(engine(e.to_string())),
         }
+    }
+
+    /// Every partition's lease as last written, read at once (the stream
+    /// keeps one message per partition).
+    pub async fn all(&self) -> Result<HashMap<u32, Lease>, PartitionError> {
+        let engine = |e: String| PartitionError::engine(0, STREAM, e);
+        let mut stream = self
+            .js
+            .get_stream(STREAM)
+            .await
+            .map_err(|e| engine(e.to_string()))?;
+        let count = stream
+            .info()
+            .await
+            .map_err(|e| engine(e.to_string()))?
+            .state
+            .messages;
+        let mut leases = HashMap::new();
+        if count == 0 {
+            return Ok(leases);
+        }
+        let reader = reader_after(&stream, 0).await.map_err(engine)?;
+        let mut batch = reader
+            .fetch()
+            .max_messages(count as usize)
+            .expires(Duration::from_secs(1))
+            .messages()
+            .await
+            .map_err(|e| engine(e.to_string()))?;
+        while let Some(message) = batch.next().await {
+            let message = message.map_err(|e| engine(e.to_string()))?;
+            let seq = message
+                .info()
+                .map_err(|e| engine(e.to_string()))?
+                .stream_sequence;
+            let partition = message
+                .message
+                .subject
+                .as_str()
+                .strip_prefix("lease.")
+                .and_then(|p| p.parse::<u32>().ok());
+            if let Some(partition) = partition {
+                leases.insert(
+                    partition,
+                    Lease {
+                        partition,
+                        holder: String::from_utf8_lossy(&message.message.payload).into_owned(),
+                        seq,
+                    },
+                );
+            }
+        }
+        Ok(leases)
     }
 
     /// Takes the partition for `holder`, replacing `seen` (the lease as

@@ -58,6 +58,12 @@ impl Mirror {
         self.input_through = body.input_through;
         self.next_seq = body.next_seq;
         self.totals = body.totals;
+        // An owner writes a batch or a snapshot only once the events stream
+        // holds every commit before it; a takeover comes before the new
+        // owner publishes what the last one left.
+        if body.kind != Kind::Takeover {
+            self.unpublished.clear();
+        }
         if !body.lines.is_empty() {
             self.unpublished.push((seq, body.lines.clone()));
         }
