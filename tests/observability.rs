@@ -133,6 +133,33 @@ fn dashboard_exprs() -> Vec<(String, String)> {
     out
 }
 
+/// Titles of the panels about partitions (`backend = "partitioned"`).
+const PARTITIONS_ROW: &str = "Partitions:";
+
+/// Every panel `chosen` by its title answers with a series: rate() needs
+/// two scrapes, so each query is asked until it does (bounded), not after
+/// a fixed sleep.
+fn every_panel_answers(prometheus: &Prometheus, chosen: impl Fn(&str) -> bool) {
+    let mut asked = 0;
+    for (title, expr) in dashboard_exprs().into_iter().filter(|(t, _)| chosen(t)) {
+        asked += 1;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let v = query(prometheus.port, &expr);
+            assert_eq!(v["status"], "success", "panel {title:?}: {expr}: {v}");
+            if v["data"]["result"].as_array().map_or(0, Vec::len) > 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "panel {title:?} returns no series: {expr}"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+    assert!(asked > 0, "no panel chosen");
+}
+
 fn alert_exprs() -> Vec<String> {
     std::fs::read_to_string("dashboards/prometheus/alerts.yml")
         .unwrap()
@@ -228,25 +255,10 @@ fn dashboard_and_alerts_work_against_a_real_prometheus() {
         );
         std::thread::sleep(Duration::from_millis(250));
     }
-    // Every panel answers with a series: rate() needs two scrapes, so
-    // each query is asked until it does (bounded), not after a fixed sleep.
-    for (title, expr) in dashboard_exprs() {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let v = query(prometheus.port, &expr);
-            assert_eq!(v["status"], "success", "panel {title:?}: {expr}: {v}");
-            if v["data"]["result"].as_array().map_or(0, Vec::len) > 0 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "panel {title:?} returns no series: {expr}"
-            );
-            std::thread::sleep(Duration::from_millis(250));
-        }
-    }
+    // The partitions' row is checked against partitioned instances below.
+    every_panel_answers(&prometheus, |title| !title.starts_with(PARTITIONS_ROW));
     let alerts = alert_exprs();
-    assert_eq!(alerts.len(), 13);
+    assert_eq!(alerts.len(), 14);
     for expr in alerts {
         let v = query(prometheus.port, &expr);
         assert_eq!(v["status"], "success", "alert {expr}: {v}");
@@ -267,4 +279,73 @@ fn dashboard_and_alerts_work_against_a_real_prometheus() {
         prom_shed, shed,
         "Prometheus's shed total equals geogate's own count"
     );
+}
+
+/// The partitions' row and `GeogatePartitionWithoutOwner` against a real
+/// Prometheus scraping two partitioned instances on a real nats-server:
+/// every panel answers; with both instances up every partition has an
+/// owner, and once both have stopped the alert's expression counts every
+/// partition as without one.
+#[test]
+fn the_partitions_row_and_its_alert_work_against_a_real_prometheus() {
+    let Some(prometheus_bin) = support::require(
+        "prometheus (apt-get install prometheus)",
+        support::binary("prometheus"),
+    ) else {
+        return;
+    };
+    const PARTITIONS: u32 = 4;
+    let Some(nats) = support::nats::Nats::start_partitioned(PARTITIONS) else {
+        return;
+    };
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut instances: Vec<GeogateProcess> = dirs
+        .iter()
+        .enumerate()
+        .map(|(i, dir)| {
+            std::fs::write(dir.path().join("fences.geojson"), support::fleet::FENCES).unwrap();
+            let d = dir.path().display();
+            let url = nats.url();
+            let mqtt = nats.mqtt_port.unwrap();
+            let setup = support::geogate::setup(mqtt, "p", "");
+            let mut p = GeogateProcess::prepare(dir.path(), &setup, |default| {
+                let metrics = default.lines().find(|l| l.starts_with("listen = ")).unwrap().to_owned();
+                format!(
+                    "[mqtt]\nhost = \"127.0.0.1\"\nport = {mqtt}\nclient_id = \"p{i}\"\ntopics = [\"fleet/+/telemetry\"]\n\
+                     [gate]\nkind = \"token\"\nrate = 100\nburst = 100\n[fences]\npath = \"{d}/fences.geojson\"\n\
+                     [dead_letter]\npath = \"{d}/dead-letter.ndjson\"\n[state]\nbackend = \"partitioned\"\n\
+                     urls = [\"{url}\"]\npartitions = {PARTITIONS}\nlease_term_s = 1\nsnapshot_every = 2\n[metrics]\n{metrics}\n"
+                )
+            });
+            p.restart_until("joined the fleet");
+            p
+        })
+        .collect();
+    let ports: Vec<u16> = instances.iter().map(|p| p.metrics_port).collect();
+    let prometheus = start_prometheus(&prometheus_bin, &ports);
+    let fixes: Vec<_> = (0..40)
+        .map(|k| support::fleet::fix(2 * (k % 8), k / 8))
+        .collect();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(publish_all(nats.mqtt_port.unwrap(), &fixes, None));
+    let without_owner = "max(max_over_time(geogate_partitions[1h])) - (count(geogate_partition_owned == 1) or vector(0))";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while scalar(prometheus.port, without_owner) != Some(0.0) {
+        assert!(Instant::now() < deadline, "every partition owned, as Prometheus sees it");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    every_panel_answers(&prometheus, |title| title.starts_with(PARTITIONS_ROW));
+    for p in &mut instances {
+        let (ok, _) = p.stop();
+        assert!(ok);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while scalar(prometheus.port, without_owner) != Some(f64::from(PARTITIONS)) {
+        assert!(
+            Instant::now() < deadline,
+            "with every instance gone, every partition is without an owner: {:?}",
+            scalar(prometheus.port, without_owner)
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
 }

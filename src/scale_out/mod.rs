@@ -31,7 +31,10 @@ use crate::sink::dead_letter::DeadLetterSink;
 use crate::state::metrics::FENCE_SETS_LIVE;
 use crate::state::partitioned::PartitionError;
 use crate::state::partitioned::lease::{ExpiryWatch, Lease, Leases};
-use crate::state::partitioned::metrics::{OWNERSHIP_CHANGES_TOTAL, PARTITION_OWNED, PARTITIONS};
+use crate::state::partitioned::metrics::{
+    FENCED_WRITES_TOTAL, OWNERSHIP_CHANGES_TOTAL, PARTITION_COMMIT_SECONDS, PARTITION_OWNED,
+    PARTITIONS, SNAPSHOTS_TOTAL,
+};
 use dead_letters::DeadLetters;
 use members::{Heartbeat, Members, owner_of};
 use owner::OwnerContext;
@@ -118,6 +121,14 @@ pub async fn run(
         sustained_rate: config.pipeline.sustained_rate,
     };
     metrics::gauge!(PARTITIONS).set(f64::from(pc.partitions));
+    // Every series at zero from the start: a panel or alert sees a rate of
+    // 0, not "no data", before the first change.
+    for change in ["taken", "handed_off", "lost"] {
+        metrics::counter!(OWNERSHIP_CHANGES_TOTAL, "change" => change).increment(0);
+    }
+    metrics::counter!(FENCED_WRITES_TOTAL).increment(0);
+    metrics::counter!(SNAPSHOTS_TOTAL).increment(0);
+    let _ = metrics::histogram!(PARTITION_COMMIT_SECONDS);
     for p in 0..pc.partitions {
         metrics::gauge!(PARTITION_OWNED, "partition" => p.to_string()).set(0.0);
     }
