@@ -331,7 +331,10 @@ fn the_partitions_row_and_its_alert_work_against_a_real_prometheus() {
     let without_owner = "max(max_over_time(geogate_partitions[1h])) - (count(geogate_partition_owned == 1) or vector(0))";
     let deadline = Instant::now() + Duration::from_secs(30);
     while scalar(prometheus.port, without_owner) != Some(0.0) {
-        assert!(Instant::now() < deadline, "every partition owned, as Prometheus sees it");
+        assert!(
+            Instant::now() < deadline,
+            "every partition owned, as Prometheus sees it"
+        );
         std::thread::sleep(Duration::from_millis(250));
     }
     every_panel_answers(&prometheus, |title| title.starts_with(PARTITIONS_ROW));

@@ -14,8 +14,8 @@ use crate::codec::{self, CodecSettings};
 use crate::geofence::{Evaluator, EvaluatorSettings, FenceIndex, Fix};
 use crate::model::{Telemetry, VehicleId};
 use crate::pipeline::metrics::{
-    DUPLICATES_IGNORED_TOTAL, EVENTS_EVALUATED_TOTAL, MESSAGES_IGNORED_TOTAL, EVENTS_INVALID_TOTAL, EVENTS_RECEIVED_TOTAL,
-    FIXES_LATE_TOTAL,
+    DUPLICATES_IGNORED_TOTAL, EVENTS_EVALUATED_TOTAL, EVENTS_INVALID_TOTAL, EVENTS_RECEIVED_TOTAL,
+    FIXES_LATE_TOTAL, MESSAGES_IGNORED_TOTAL,
 };
 use crate::source::jetstream::{InputFix, PartitionInput};
 use crate::state::local::shard::LocalShard;
@@ -287,8 +287,7 @@ fn decode(partition: u32, fixes: &[InputFix], codec: &CodecSettings) -> Decoded 
                 out.ignored_count += 1;
             }
             Err(e) => {
-                metrics::counter!(EVENTS_INVALID_TOTAL, "reason" => e.reason.as_str())
-                    .increment(1);
+                metrics::counter!(EVENTS_INVALID_TOTAL, "reason" => e.reason.as_str()).increment(1);
                 out.refused_count += 1;
                 out.refused.push(Record {
                     received_ms: f.stored_ms,

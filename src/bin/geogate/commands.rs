@@ -234,7 +234,7 @@ pub fn lab_trace(gate: GateSpec, path: PathBuf, format: Format) -> Result<ExitCo
 
 /// The `[state]` of a partitioned fleet's config.
 fn partitioned_state(
-    config_path: &PathBuf,
+    config_path: &std::path::Path,
 ) -> Result<geogate::state::partitioned::config::PartitionedConfig> {
     let config = Config::load(config_path).with_context(|| format!("{}", config_path.display()))?;
     if config.state.backend != geogate::config::StateBackend::Partitioned {

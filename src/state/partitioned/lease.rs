@@ -11,13 +11,13 @@
 //! fences a holder that lost it without noticing (paused past its term).
 
 use super::PartitionError;
+use crate::jetstream_link::reader_after;
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::stream::{self, LastRawMessageErrorKind};
 use async_nats::jetstream::{self, message::PublishMessage};
 use bytes::Bytes;
-use std::collections::HashMap;
-use crate::jetstream_link::reader_after;
 use futures_util::StreamExt;
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 pub const STREAM: &str = "GEOGATE_LEASES";
