@@ -203,3 +203,103 @@ fn the_shared_allowance_takes_rediss_and_an_acl_user_and_says_which_one_is_wrong
         assert_ne!(e.kind, RedisProblem::Credentials, "{e}");
     });
 }
+
+/// The README's device user: it may publish fixes over MQTT, and nothing
+/// else. The server checks a publish after its mapping, so the rights name
+/// the partitions' subjects; a device publishing to a partition's commit
+/// log or to the JetStream API is refused.
+#[test]
+fn a_device_can_publish_fixes_and_nothing_else() {
+    let Some(mosquitto_pub) = support::require(
+        "mosquitto_pub (apt-get install mosquitto-clients)",
+        support::binary("mosquitto_pub"),
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let users = format!(
+        "authorization {{ users = [\n  {{ user: geogate, password: \"{PASSWORD}\" }}\n  {{ user: device, password: \"device-pass\", permissions: {{ publish: {{ allow: [\"in.*.fleet.*.telemetry\", \"in.*.owntracks.*.*\", \"$MQTT.>\"] }}, subscribe: {{ allow: [\"$MQTT.>\"] }} }} }}\n] }}\n"
+    );
+    let Some(nats) = Nats::start_partitioned_with(4, &users) else {
+        return;
+    };
+    write(dir.path(), "password", PASSWORD);
+    let config = PartitionedConfig {
+        urls: vec![nats.url()],
+        partitions: 4,
+        user: Some("geogate".into()),
+        password_file: Some(dir.path().join("password")),
+        ..PartitionedConfig::default()
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let js = runtime.block_on(async {
+        let js = connect(&config, "test").await.expect("geogate's user");
+        geogate::scale_out::engine::make_inputs(&js, 4)
+            .await
+            .unwrap();
+        geogate::jetstream_link::file_stream(&js, "GEOGATE_STATE_0".into(), "state.0".into())
+            .await
+            .unwrap();
+        js
+    });
+    let publish = |topic: &str, payload: &str| {
+        Command::new(&mosquitto_pub)
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &nats.mqtt_port.unwrap().to_string(),
+            ])
+            .args([
+                "-u",
+                "device",
+                "-P",
+                "device-pass",
+                "-q",
+                "1",
+                "-t",
+                topic,
+                "-m",
+                payload,
+            ])
+            .status()
+            .expect("mosquitto_pub")
+    };
+    assert!(
+        publish(
+            "fleet/van7/telemetry",
+            r#"{"ts":1750000000000,"lat":50,"lon":10}"#
+        )
+        .success()
+    );
+    publish("state/0", "forged commit");
+    publish("$JS/API/STREAM/DELETE/GEOGATE_IN_0", "");
+    runtime.block_on(async {
+        let messages = |name: &'static str| {
+            let js = js.clone();
+            async move {
+                let mut stream = js.get_stream(name).await.expect(name);
+                stream.info().await.unwrap().state.messages
+            }
+        };
+        let mut inputs = 0;
+        for p in 0..4 {
+            let name: &'static str = [
+                "GEOGATE_IN_0",
+                "GEOGATE_IN_1",
+                "GEOGATE_IN_2",
+                "GEOGATE_IN_3",
+            ][p];
+            inputs += messages(name).await;
+        }
+        assert_eq!(
+            inputs, 1,
+            "the fix is in its partition, and the input streams are all there"
+        );
+        assert_eq!(
+            messages("GEOGATE_STATE_0").await,
+            0,
+            "nothing forged in a commit log"
+        );
+    });
+}

@@ -328,26 +328,37 @@ fn the_partitions_row_and_its_alert_work_against_a_real_prometheus() {
         .collect();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(publish_all(nats.mqtt_port.unwrap(), &fixes, None));
-    let without_owner = "max(max_over_time(geogate_partitions[1h])) - (count(geogate_partition_owned == 1) or vector(0))";
+    // The alert's own expression, as shipped: no series while every
+    // partition has an owner, the count without one once none has.
+    let without_owner = std::fs::read_to_string("dashboards/prometheus/alerts.yml")
+        .unwrap()
+        .split("alert: GeogatePartitionWithoutOwner")
+        .nth(1)
+        .and_then(|rule| rule.lines().find_map(|l| l.trim().strip_prefix("expr:")))
+        .expect("the rule's expression")
+        .trim()
+        .to_owned();
+    let owned = "count(max by (partition) (geogate_partition_owned) == 1)";
     let deadline = Instant::now() + Duration::from_secs(30);
-    while scalar(prometheus.port, without_owner) != Some(0.0) {
+    while scalar(prometheus.port, owned) != Some(f64::from(PARTITIONS)) {
         assert!(
             Instant::now() < deadline,
             "every partition owned, as Prometheus sees it"
         );
         std::thread::sleep(Duration::from_millis(250));
     }
+    assert_eq!(scalar(prometheus.port, &without_owner), None, "not firing");
     every_panel_answers(&prometheus, |title| title.starts_with(PARTITIONS_ROW));
     for p in &mut instances {
         let (ok, _) = p.stop();
         assert!(ok);
     }
     let deadline = Instant::now() + Duration::from_secs(30);
-    while scalar(prometheus.port, without_owner) != Some(f64::from(PARTITIONS)) {
+    while scalar(prometheus.port, &without_owner) != Some(f64::from(PARTITIONS)) {
         assert!(
             Instant::now() < deadline,
             "with every instance gone, every partition is without an owner: {:?}",
-            scalar(prometheus.port, without_owner)
+            scalar(prometheus.port, &without_owner)
         );
         std::thread::sleep(Duration::from_millis(250));
     }

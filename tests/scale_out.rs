@@ -114,6 +114,47 @@ impl Engine {
         self.status().iter().map(|s| s.totals.late).sum()
     }
 
+    /// In what is left of each partition's log (a snapshot removes what
+    /// is before it), every commit after a takeover is the taker's: no
+    /// deposed owner wrote after it.
+    fn assert_fenced(&self, what: &str) {
+        use geogate::state::partitioned::commit_body::{CommitBody, Kind};
+        use geogate::state::partitioned::commit_log::stream_name;
+        self.runtime.block_on(async {
+            for p in 0..PARTITIONS {
+                let stream = self.js.get_stream(stream_name(p)).await.expect("log");
+                let reader = reader_after(&stream, 0).await.expect("reader");
+                let mut owner: Option<String> = None;
+                loop {
+                    let mut batch = reader
+                        .fetch()
+                        .max_messages(1000)
+                        .expires(Duration::from_millis(300))
+                        .messages()
+                        .await
+                        .expect("fetch");
+                    let mut got = 0;
+                    while let Some(m) = batch.next().await {
+                        got += 1;
+                        let body = CommitBody::decode(&m.expect("commit").payload).expect("body");
+                        if body.kind == Kind::Takeover {
+                            owner = Some(body.owner);
+                        } else if let Some(owner) = &owner {
+                            assert_eq!(
+                                &body.owner, owner,
+                                "{what}: partition {p}: a commit by {} after {owner} took over",
+                                body.owner
+                            );
+                        }
+                    }
+                    if got == 0 {
+                        break;
+                    }
+                }
+            }
+        });
+    }
+
     /// Everything but the input: the next run starts from no state.
     fn wipe(&self) {
         self.runtime.block_on(async {
@@ -263,6 +304,7 @@ fn reference(engine: &Engine) -> (Multiset, u64) {
 }
 
 fn assert_exact(engine: &Engine, want: &(Multiset, u64), what: &str) {
+    engine.assert_fenced(what);
     let got = multiset(&engine.events());
     assert!(
         got == want.0,
@@ -283,12 +325,17 @@ fn dirs(n: usize) -> Vec<tempfile::TempDir> {
     (0..n).map(|_| tempfile::tempdir().unwrap()).collect()
 }
 
+/// The instance a lease holder names (`name#process`).
+fn instance_of(holder: &str) -> &str {
+    holder.split('#').next().unwrap_or(holder)
+}
+
 /// Partitions whose lease `name` holds.
 fn held_by(engine: &Engine, name: &str) -> usize {
     engine
         .status()
         .iter()
-        .filter(|s| s.holder.as_deref() == Some(name))
+        .filter(|s| s.holder.as_deref().map(instance_of) == Some(name))
         .count()
 }
 
@@ -323,7 +370,7 @@ fn three_instances_draining_a_queued_backlog_emit_what_one_does() {
     let owners: HashSet<String> = engine
         .status()
         .into_iter()
-        .filter_map(|s| s.holder)
+        .filter_map(|s| s.holder.map(|h| instance_of(&h).to_owned()))
         .collect();
     assert_eq!(
         owners.len(),
@@ -478,4 +525,35 @@ fn the_engine_restarted_mid_drain_changes_nothing() {
     engine.wait_drained();
     stop_all(&mut all);
     assert_exact(&engine, &want, "an engine restart");
+}
+
+/// Instances that run different fence sets are counted as such until they
+/// agree: each heartbeats its set's fingerprint (the alert
+/// `GeogateFenceSetsDiffer` reads the gauge).
+#[test]
+fn instances_with_different_fence_sets_are_counted_until_they_agree() {
+    let _guard = exclusive();
+    let Some(nats) = Nats::start_partitioned(PARTITIONS) else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let js = runtime.block_on(async {
+        jetstream::new(async_nats::connect(nats.url()).await.expect("connect"))
+    });
+    let engine = Engine { nats, runtime, js };
+    let dirs = dirs(2);
+    let mut all = instances(&engine, &dirs, "");
+    let other = FENCES.replace("\"D\"", "\"E\"");
+    std::fs::write(dirs[1].path().join("fences.geojson"), &other).unwrap();
+    all.iter_mut().for_each(start);
+    let sets = |p: &GeogateProcess| p.metric("geogate_fence_sets_live");
+    wait_until(20, "two fence sets counted", || {
+        all.iter().all(|p| sets(p) == 2.0)
+    });
+    std::fs::write(dirs[1].path().join("fences.geojson"), FENCES).unwrap();
+    all[1].sighup();
+    wait_until(20, "one fence set once they agree", || {
+        all.iter().all(|p| sets(p) == 1.0)
+    });
+    stop_all(&mut all);
 }

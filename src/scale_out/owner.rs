@@ -96,6 +96,17 @@ pub async fn own(
     .await?;
     mirror.last = log.last();
     let events = EventsStream::open(&ctx.js, partition, ctx.events_max_age).await?;
+    if events.published() > mirror.last {
+        return Err(PartitionError::Unreadable {
+            partition,
+            seq: mirror.last,
+            detail: format!(
+                "the events stream holds commit {} of this partition, past its log's last commit {}: the log was made again under an events stream that outlived it; move GEOGATE_EVENTS's events.{partition} aside (or delete the partition's messages in it) before this partition can be owned",
+                events.published(),
+                mirror.last
+            ),
+        });
+    }
     mirror
         .unpublished
         .retain(|(commit, _)| *commit > events.published());
@@ -183,9 +194,13 @@ pub async fn own(
         let fixes = batch.fixes;
         let decoded = decode(partition, &fixes, &ctx.codec);
         ctx.dead_letters.write(decoded.refused).await;
+        // The receive clock runs with the log; only a partition read to
+        // its end lets it run with this machine's.
         let watermark = match fixes.last() {
             Some(last) => last.stored_ms,
-            None if batch.behind == 0 => crate::clock::receive_now_ms() - CLOCK_MARGIN_MS,
+            None if input.caught_up().await.unwrap_or(false) => {
+                crate::clock::receive_now_ms() - CLOCK_MARGIN_MS
+            }
             None => last_watermark,
         };
         last_watermark = last_watermark.max(watermark);

@@ -160,7 +160,7 @@ impl PartitionInput {
             if info.stream_sequence <= self.position {
                 continue;
             }
-            if batch.fixes.is_empty() && info.stream_sequence != self.position + 1 {
+            if info.stream_sequence != self.position + 1 {
                 return Err(self.error(format!(
                     "position {} follows {}: messages in between are gone (a limit or a purge removed them), so they were never evaluated",
                     info.stream_sequence, self.position
@@ -177,6 +177,16 @@ impl PartitionInput {
             });
         }
         Ok(batch)
+    }
+
+    /// Whether every message the partition holds has been read: an empty
+    /// read alone does not say so (a loaded engine, a reader being made
+    /// again).
+    pub async fn caught_up(&mut self) -> Result<bool, InputError> {
+        match self.stream.info().await {
+            Ok(info) => Ok(info.state.last_sequence <= self.position),
+            Err(e) => Err(self.error(e.to_string())),
+        }
     }
 
     /// The last position read.

@@ -38,6 +38,12 @@ impl Nats {
         Self::start_with(Some(partitions), "")
     }
 
+    /// Starts nats-server with its MQTT listener and mapping, and `extra`
+    /// added to its config (users and their permissions).
+    pub fn start_partitioned_with(partitions: u32, extra: &str) -> Option<Self> {
+        Self::start_with(Some(partitions), extra)
+    }
+
     fn start_with(partitions: Option<u32>, extra: &str) -> Option<Self> {
         let binary = require(
             "nats-server (apt-get install nats-server)",

@@ -22,6 +22,11 @@ use tokio::sync::{mpsc, watch};
 /// limit: a group of batches is cut here, a snapshot split in parts.
 pub const MAX_COMMIT_BYTES: usize = 512 * 1024;
 
+/// A message past the engine's size limit: sending it again fails again.
+fn too_large(e: &PartitionError) -> bool {
+    matches!(e, PartitionError::Engine { detail, .. } if detail.contains("Payload size limit") || detail.to_ascii_lowercase().contains("maximum payload"))
+}
+
 /// Batches in one commit at most.
 const MAX_BATCHES_PER_COMMIT: usize = 16;
 
@@ -153,7 +158,7 @@ impl PartitionCommitter {
                     metrics::counter!(FENCED_WRITES_TOTAL).increment(1);
                     return Err(e);
                 }
-                Err(e) if *self.stop.borrow() => return Err(e),
+                Err(e) if *self.stop.borrow() || too_large(&e) => return Err(e),
                 Err(e) => {
                     tracing::warn!("{e}; trying again in {pause:?}");
                     tokio::time::sleep(pause).await;
@@ -176,7 +181,7 @@ impl PartitionCommitter {
                         metrics::counter!(FENCED_WRITES_TOTAL).increment(1);
                         return Err(e);
                     }
-                    Err(e) if *self.stop.borrow() => return Err(e),
+                    Err(e) if *self.stop.borrow() || too_large(&e) => return Err(e),
                     Err(e) => {
                         tracing::warn!("{e}; trying again in {pause:?}");
                         tokio::time::sleep(pause).await;

@@ -34,6 +34,7 @@ pub struct Lease {
     pub seq: u64,
 }
 
+#[derive(Clone)]
 pub struct Leases {
     js: jetstream::Context,
 }

@@ -8,6 +8,7 @@ pub const PARTITION_OWNED: &str = "geogate_partition_owned";
 pub const PARTITION_LAG_MESSAGES: &str = "geogate_partition_lag_messages";
 pub const OWNERSHIP_CHANGES_TOTAL: &str = "geogate_partition_ownership_changes_total";
 pub const FENCED_WRITES_TOTAL: &str = "geogate_partition_fenced_writes_total";
+pub const OWNER_FAILURES_TOTAL: &str = "geogate_partition_owner_failures_total";
 pub const SNAPSHOTS_TOTAL: &str = "geogate_partition_snapshots_total";
 pub const PARTITION_COMMIT_SECONDS: &str = "geogate_partition_commit_seconds";
 
@@ -36,6 +37,11 @@ pub fn describe() {
         FENCED_WRITES_TOTAL,
         Unit::Count,
         "Commits or event publishes the engine refused because another owner had taken the partition over: each one is a deposed owner kept from writing."
+    );
+    describe_counter!(
+        OWNER_FAILURES_TOTAL,
+        Unit::Count,
+        "Partition owners that ended on an error other than being deposed (the engine, an unreadable commit, a commit too large): the log says which; the partition rests a few seconds before this instance owns it again."
     );
     describe_counter!(
         SNAPSHOTS_TOTAL,
