@@ -130,7 +130,7 @@ def wait_ready(mport, proc):
 
 def publish(port, live=0):
     cmd = [GEOGATE, "replay", CAPTURE, "--mqtt", f"mqtt://127.0.0.1:{port}"]
-    cmd += ["--speed", "1000"] + (["--max-rate", str(live)] if live else [])
+    cmd += ["--max-rate", str(live)] if live else ["--speed", "1000"]
     subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=900)
 
 
@@ -221,11 +221,12 @@ for r in range(args.rounds):
     print(f"round {r + 1}: embedded {results['embedded'][-1]}, partitioned {results['partitioned'][-1]}",
           flush=True)
 
-print(f"\n{N} messages; one instance each; median of {args.rounds} alternating rounds [min–max]")
-base = show("embedded (mosquitto)", results["embedded"])
-part = show(f"partitioned ({args.partitions} p)", results["partitioned"])
-ratios = [p[0] / e[0] for e, p in zip(results["embedded"], results["partitioned"])]
-print(f"ratio partitioned / embedded: {part / base:.2f}× (per round {min(ratios):.2f}–{max(ratios):.2f})")
+if args.rounds:
+    print(f"\n{N} messages; one instance each; median of {args.rounds} alternating rounds [min–max]")
+    base = show("embedded (mosquitto)", results["embedded"])
+    part = show(f"partitioned ({args.partitions} p)", results["partitioned"])
+    ratios = [p[0] / e[0] for e, p in zip(results["embedded"], results["partitioned"])]
+    print(f"ratio partitioned / embedded: {part / base:.2f}× (per round {min(ratios):.2f}–{max(ratios):.2f})")
 
 if args.sweep:
     print("\npartition count sweep (one drain each)")
