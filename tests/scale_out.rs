@@ -18,7 +18,6 @@ use async_nats::jetstream;
 use futures_util::StreamExt;
 use geogate::jetstream_link::reader_after;
 use geogate::scale_out::status::{self, PartitionStatus};
-use geogate::state::partitioned::config::PartitionedConfig;
 use geogate::state::partitioned::events_stream::{COMMIT_HEADER, PARTITION_HEADER, STREAM};
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -82,18 +81,23 @@ fn engine() -> Option<Engine> {
 }
 
 impl Engine {
-    fn config(&self) -> PartitionedConfig {
-        PartitionedConfig {
-            urls: vec![self.nats.url()],
-            partitions: PARTITIONS,
-            ..PartitionedConfig::default()
-        }
-    }
-
+    /// Every partition's status, asked again (for up to 30 s) while the
+    /// engine does not answer in time: a loaded or restarting server.
     fn status(&self) -> Vec<PartitionStatus> {
-        self.runtime
-            .block_on(status::read(&self.config()))
-            .expect("status")
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match self
+                .runtime
+                .block_on(status::read_from(&self.js, PARTITIONS))
+            {
+                Ok(status) => return status,
+                Err(e) if std::time::Instant::now() < deadline => {
+                    eprintln!("status: {e}; asking again");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => panic!("status: {e}"),
+            }
+        }
     }
 
     fn input(&self) -> u64 {
@@ -107,7 +111,14 @@ impl Engine {
     fn wait_drained(&self) {
         let input = self.input();
         assert_eq!(input, (VEHICLES * ROUNDS + VEHICLES / LATE_EVERY) as u64);
-        wait_until(120, "every partition drained", || self.committed() == input);
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while self.committed() != input {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "every partition drained"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     fn late(&self) -> u64 {
@@ -120,39 +131,46 @@ impl Engine {
     fn assert_fenced(&self, what: &str) {
         use geogate::state::partitioned::commit_body::{CommitBody, Kind};
         use geogate::state::partitioned::commit_log::stream_name;
-        self.runtime.block_on(async {
-            for p in 0..PARTITIONS {
-                let stream = self.js.get_stream(stream_name(p)).await.expect("log");
-                let reader = reader_after(&stream, 0).await.expect("reader");
-                let mut owner: Option<String> = None;
-                loop {
-                    let mut batch = reader
-                        .fetch()
-                        .max_messages(1000)
-                        .expires(Duration::from_millis(300))
-                        .messages()
-                        .await
-                        .expect("fetch");
-                    let mut got = 0;
-                    while let Some(m) = batch.next().await {
-                        got += 1;
-                        let body = CommitBody::decode(&m.expect("commit").payload).expect("body");
-                        if body.kind == Kind::Takeover {
-                            owner = Some(body.owner);
-                        } else if let Some(owner) = &owner {
-                            assert_eq!(
-                                &body.owner, owner,
-                                "{what}: partition {p}: a commit by {} after {owner} took over",
-                                body.owner
-                            );
-                        }
-                    }
-                    if got == 0 {
-                        break;
-                    }
+        for p in 0..PARTITIONS {
+            let mut owner: Option<String> = None;
+            for m in self.messages(&stream_name(p)) {
+                let body = CommitBody::decode(&m.payload).expect("body");
+                if body.kind == Kind::Takeover {
+                    owner = Some(body.owner);
+                } else if let Some(owner) = &owner {
+                    assert_eq!(
+                        &body.owner, owner,
+                        "{what}: partition {p}: a commit by {} after {owner} took over",
+                        body.owner
+                    );
                 }
             }
-        });
+        }
+    }
+
+    /// Every message `stream` holds, in order.
+    fn messages(&self, stream: &str) -> Vec<async_nats::jetstream::Message> {
+        self.runtime.block_on(async {
+            let stream = self.js.get_stream(stream).await.expect("stream");
+            let reader = reader_after(&stream, 0).await.expect("reader");
+            let mut out = Vec::new();
+            loop {
+                let mut batch = reader
+                    .fetch()
+                    .max_messages(1000)
+                    .expires(Duration::from_millis(300))
+                    .messages()
+                    .await
+                    .expect("fetch");
+                let before = out.len();
+                while let Some(m) = batch.next().await {
+                    out.push(m.expect("message"));
+                }
+                if out.len() == before {
+                    return out;
+                }
+            }
+        })
     }
 
     /// Everything but the input: the next run starts from no state.
@@ -174,60 +192,40 @@ impl Engine {
     /// id is there twice, that each partition's lines have gap-free seqs
     /// in order, and that its messages' commits increase.
     fn events(&self) -> Vec<serde_json::Value> {
-        self.runtime.block_on(async {
-            let stream = self.js.get_stream(STREAM).await.expect("events stream");
-            let reader = reader_after(&stream, 0).await.expect("reader");
-            let mut lines = Vec::new();
-            let mut seqs: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
-            loop {
-                let mut batch = reader
-                    .fetch()
-                    .max_messages(1000)
-                    .expires(Duration::from_millis(500))
-                    .messages()
-                    .await
-                    .expect("fetch");
-                let mut got = 0;
-                while let Some(m) = batch.next().await {
-                    let m = m.expect("message");
-                    got += 1;
-                    let headers = m.headers.clone().expect("headers");
-                    let header = |name: &str| -> u64 {
-                        headers.get(name).unwrap().as_str().parse().unwrap()
-                    };
-                    let (p, commit) = (header(PARTITION_HEADER) as u32, header(COMMIT_HEADER));
-                    let (last_seq, last_commit) = seqs.entry(p).or_default();
-                    assert!(
-                        commit > *last_commit,
-                        "partition {p}: commit {commit} after {last_commit}"
-                    );
-                    *last_commit = commit;
-                    for line in m.payload.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-                        let e: serde_json::Value = serde_json::from_slice(line).unwrap();
-                        assert_eq!(e["partition"].as_u64(), Some(u64::from(p)), "{e}");
-                        let seq = e["seq"].as_u64().unwrap();
-                        assert_eq!(
-                            seq,
-                            *last_seq + 1,
-                            "partition {p}: seq {seq} after {last_seq}"
-                        );
-                        *last_seq = seq;
-                        lines.push(e);
-                    }
-                }
-                if got == 0 {
-                    break;
-                }
-            }
-            let mut ids = HashSet::new();
-            for e in &lines {
-                assert!(
-                    ids.insert(e["id"].as_str().unwrap().to_owned()),
-                    "id twice: {e}"
+        let mut lines = Vec::new();
+        let mut seqs: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+        for m in self.messages(STREAM) {
+            let headers = m.headers.clone().expect("headers");
+            let header =
+                |name: &str| -> u64 { headers.get(name).unwrap().as_str().parse().unwrap() };
+            let (p, commit) = (header(PARTITION_HEADER) as u32, header(COMMIT_HEADER));
+            let (last_seq, last_commit) = seqs.entry(p).or_default();
+            assert!(
+                commit > *last_commit,
+                "partition {p}: commit {commit} after {last_commit}"
+            );
+            *last_commit = commit;
+            for line in m.payload.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+                let e: serde_json::Value = serde_json::from_slice(line).unwrap();
+                assert_eq!(e["partition"].as_u64(), Some(u64::from(p)), "{e}");
+                let seq = e["seq"].as_u64().unwrap();
+                assert_eq!(
+                    seq,
+                    *last_seq + 1,
+                    "partition {p}: seq {seq} after {last_seq}"
                 );
+                *last_seq = seq;
+                lines.push(e);
             }
-            lines
-        })
+        }
+        let mut ids = HashSet::new();
+        for e in &lines {
+            assert!(
+                ids.insert(e["id"].as_str().unwrap().to_owned()),
+                "id twice: {e}"
+            );
+        }
+        lines
     }
 }
 

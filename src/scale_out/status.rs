@@ -21,50 +21,30 @@ pub struct PartitionStatus {
     pub committed: u64,
     /// Messages in the input after the committed position.
     pub lag: u64,
-    pub totals: TotalsView,
-}
-
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct TotalsView {
-    pub read: u64,
-    pub refused: u64,
-    pub ignored: u64,
-    pub evaluated: u64,
-    pub held: u64,
-    pub late: u64,
-    pub duplicates: u64,
-    pub enters: u64,
-    pub exits: u64,
-    pub expired: u64,
-}
-
-impl From<Totals> for TotalsView {
-    fn from(t: Totals) -> Self {
-        Self {
-            read: t.read,
-            refused: t.refused,
-            ignored: t.ignored,
-            evaluated: t.evaluated,
-            held: t.held,
-            late: t.late,
-            duplicates: t.duplicates,
-            enters: t.enters,
-            exits: t.exits,
-            expired: t.expired,
-        }
-    }
+    pub totals: Totals,
 }
 
 pub async fn read(config: &PartitionedConfig) -> Result<Vec<PartitionStatus>, EngineError> {
     let js = engine::connect(config, "geogate-status").await?;
+    read_from(&js, config.partitions).await
+}
+
+/// [`read`] over a connection the caller has.
+pub async fn read_from(
+    js: &async_nats::jetstream::Context,
+    partitions: u32,
+) -> Result<Vec<PartitionStatus>, EngineError> {
     let jet = |e: String| EngineError::JetStream(e);
-    let leases = Leases::open(&js).await.map_err(|e| jet(e.to_string()))?;
+    let mut leases = Leases::open(js)
+        .await
+        .map_err(|e| jet(e.to_string()))?
+        .all()
+        .await
+        .map_err(|e| jet(e.to_string()))?;
     let mut out = Vec::new();
-    for p in 0..config.partitions {
+    for p in 0..partitions {
         let holder = leases
-            .current(p)
-            .await
-            .map_err(|e| jet(e.to_string()))?
+            .remove(&p)
             .map(|l| l.holder)
             .filter(|h| !h.is_empty());
         let input_last = match js.get_stream(stream_name(p)).await {
@@ -77,7 +57,7 @@ pub async fn read(config: &PartitionedConfig) -> Result<Vec<PartitionStatus>, En
             }
             Err(_) => 0,
         };
-        let last = last_commit(&js, p).await.map_err(|e| jet(e.to_string()))?;
+        let last = last_commit(js, p).await.map_err(|e| jet(e.to_string()))?;
         let body = match last {
             Some(c) => Some(CommitBody::decode(&c.body).map_err(|e| jet(e.to_string()))?),
             None => None,
@@ -89,7 +69,7 @@ pub async fn read(config: &PartitionedConfig) -> Result<Vec<PartitionStatus>, En
             input_last,
             committed,
             lag: input_last.saturating_sub(committed),
-            totals: body.map(|b| b.totals.into()).unwrap_or_default(),
+            totals: body.map(|b| b.totals).unwrap_or_default(),
         });
     }
     Ok(out)

@@ -52,7 +52,7 @@ impl Kind {
 /// What the partition's input came to since its first commit, counted
 /// in the commits themselves: a fix applied again by a new owner after a
 /// crash is counted once, as it was applied once.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Totals {
     /// Messages read from the partition's input.
     pub read: u64,

@@ -22,6 +22,42 @@ use tokio::sync::{mpsc, watch};
 /// limit: a group of batches is cut here, a snapshot split in parts.
 pub const MAX_COMMIT_BYTES: usize = 512 * 1024;
 
+/// When a write to the engine is sent again: after an engine error, with a
+/// growing pause, unless the owner is stopping or the message can never
+/// fit. A deposed owner's write is counted and never sent again.
+struct Retry {
+    pause: Duration,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Self {
+            pause: Duration::from_millis(50),
+        }
+    }
+}
+
+impl Retry {
+    /// `Ok` once it is time to send again; the error otherwise.
+    async fn after(
+        &mut self,
+        e: PartitionError,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<(), PartitionError> {
+        if matches!(e, PartitionError::Deposed { .. }) {
+            metrics::counter!(FENCED_WRITES_TOTAL).increment(1);
+            return Err(e);
+        }
+        if *stop.borrow() || too_large(&e) {
+            return Err(e);
+        }
+        tracing::warn!("{e}; trying again in {:?}", self.pause);
+        tokio::time::sleep(self.pause).await;
+        self.pause = (self.pause * 2).min(Duration::from_secs(2));
+        Ok(())
+    }
+}
+
 /// A message past the engine's size limit: sending it again fails again.
 fn too_large(e: &PartitionError) -> bool {
     matches!(e, PartitionError::Engine { detail, .. } if detail.contains("Payload size limit") || detail.to_ascii_lowercase().contains("maximum payload"))
@@ -150,20 +186,11 @@ impl PartitionCommitter {
     /// stops, or another owner is found to have taken over.
     async fn append(&mut self, body: &CommitBody) -> Result<u64, PartitionError> {
         let bytes = Bytes::from(body.encode());
-        let mut pause = Duration::from_millis(50);
+        let mut retry = Retry::default();
         loop {
             match self.log.append(bytes.clone()).await {
                 Ok(seq) => return Ok(seq),
-                Err(e @ PartitionError::Deposed { .. }) => {
-                    metrics::counter!(FENCED_WRITES_TOTAL).increment(1);
-                    return Err(e);
-                }
-                Err(e) if *self.stop.borrow() || too_large(&e) => return Err(e),
-                Err(e) => {
-                    tracing::warn!("{e}; trying again in {pause:?}");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(2));
-                }
+                Err(e) => retry.after(e, &self.stop).await?,
             }
         }
     }
@@ -173,20 +200,11 @@ impl PartitionCommitter {
     async fn publish_committed(&mut self) -> Result<(), PartitionError> {
         for (commit, lines) in std::mem::take(&mut self.mirror.unpublished) {
             let lines = Bytes::from(lines);
-            let mut pause = Duration::from_millis(50);
+            let mut retry = Retry::default();
             loop {
                 match self.events.publish(commit, lines.clone()).await {
                     Ok(()) => break,
-                    Err(e @ PartitionError::Deposed { .. }) => {
-                        metrics::counter!(FENCED_WRITES_TOTAL).increment(1);
-                        return Err(e);
-                    }
-                    Err(e) if *self.stop.borrow() || too_large(&e) => return Err(e),
-                    Err(e) => {
-                        tracing::warn!("{e}; trying again in {pause:?}");
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(Duration::from_secs(2));
-                    }
+                    Err(e) => retry.after(e, &self.stop).await?,
                 }
             }
         }
