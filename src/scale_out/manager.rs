@@ -91,7 +91,7 @@ impl Manager {
         // Every lease is watched from the first tick that sees it, so one
         // left by a dead instance runs out a term after its last renewal,
         // not a term after this instance first wanted its partition.
-        let mut leases = match self.leases.all().await {
+        let mut leases = match self.leases.all(self.partitions).await {
             Ok(leases) => leases,
             Err(e) => {
                 tracing::warn!("{e}");

@@ -38,7 +38,7 @@ pub async fn read_from(
     let mut leases = Leases::open(js)
         .await
         .map_err(|e| jet(e.to_string()))?
-        .all()
+        .all(partitions)
         .await
         .map_err(|e| jet(e.to_string()))?;
     let mut out = Vec::new();
