@@ -540,9 +540,14 @@ fn a_dead_events_broker_holds_intake_within_bounds_and_loses_nothing() {
     std::thread::sleep(Duration::from_secs(1));
     let rss_at_bound = rss_kib(geogate.pid());
     let acked_at_bound = geogate.metric("geogate_mqtt_acks_total");
+    let pending_at_bound = geogate.series(MQTT_PENDING);
     std::thread::sleep(9 * to_bound);
     let rss_later = rss_kib(geogate.pid());
-    assert_eq!(geogate.series(MQTT_PENDING), 100.0);
+    assert_eq!(
+        geogate.series(MQTT_PENDING),
+        pending_at_bound,
+        "the queue stays where intake was held, within max_pending (100)"
+    );
     assert_eq!(
         geogate.metric("geogate_mqtt_acks_total"),
         acked_at_bound,
