@@ -42,14 +42,18 @@ struct Engine {
     js: jetstream::Context,
 }
 
+/// A JetStream connection to `nats`.
+fn connect(runtime: &tokio::runtime::Runtime, nats: &Nats) -> jetstream::Context {
+    runtime
+        .block_on(async { jetstream::new(async_nats::connect(nats.url()).await.expect("connect")) })
+}
+
 /// Starts the engine and queues the fleet in it: every fix, then, once
 /// the reorder window has passed, the late ones.
 fn engine() -> Option<Engine> {
     let nats = Nats::start_partitioned(PARTITIONS)?;
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let js = runtime.block_on(async {
-        jetstream::new(async_nats::connect(nats.url()).await.expect("connect"))
-    });
+    let js = connect(&runtime, &nats);
     let engine = Engine { nats, runtime, js };
     // The input streams exist before devices publish (an instance makes
     // them at start).
@@ -513,13 +517,7 @@ fn the_engine_restarted_mid_drain_changes_nothing() {
     engine.nats.stop();
     std::thread::sleep(Duration::from_secs(1));
     engine.nats.start_again();
-    engine.js = engine.runtime.block_on(async {
-        jetstream::new(
-            async_nats::connect(engine.nats.url())
-                .await
-                .expect("connect"),
-        )
-    });
+    engine.js = connect(&engine.runtime, &engine.nats);
     engine.wait_drained();
     stop_all(&mut all);
     assert_exact(&engine, &want, "an engine restart");
@@ -535,9 +533,7 @@ fn instances_with_different_fence_sets_are_counted_until_they_agree() {
         return;
     };
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let js = runtime.block_on(async {
-        jetstream::new(async_nats::connect(nats.url()).await.expect("connect"))
-    });
+    let js = connect(&runtime, &nats);
     let engine = Engine { nats, runtime, js };
     let dirs = dirs(2);
     let mut all = instances(&engine, &dirs, "");

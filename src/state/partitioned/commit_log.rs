@@ -129,12 +129,9 @@ impl CommitLog {
     /// The last commit's sequence and message id.
     async fn last_commit_id(&self) -> Result<(u64, String), PartitionError> {
         let partition = self.partition;
-        let stream = self
-            .js
-            .get_stream_no_info(stream_name(partition))
-            .await
-            .map_err(|e| engine(partition, e))?;
-        let last = stream
+        let last = self
+            .stream()
+            .await?
             .get_last_raw_message_by_subject(&subject(partition))
             .await
             .map_err(|e| engine(partition, e))?;
@@ -144,6 +141,14 @@ impl CommitLog {
             .map(|v| v.as_str().to_owned())
             .unwrap_or_default();
         Ok((last.sequence, id))
+    }
+
+    /// The log's stream, without asking the engine for its state.
+    async fn stream(&self) -> Result<jetstream::stream::Stream<()>, PartitionError> {
+        self.js
+            .get_stream_no_info(stream_name(self.partition))
+            .await
+            .map_err(|e| engine(self.partition, e))
     }
 
     /// The engine this log is in.
@@ -160,12 +165,8 @@ impl CommitLog {
     /// whose every part is in the log: a new owner reads from there.
     pub async fn purge_before(&self, seq: u64) -> Result<(), PartitionError> {
         let partition = self.partition;
-        let stream = self
-            .js
-            .get_stream_no_info(stream_name(partition))
-            .await
-            .map_err(|e| engine(partition, e))?;
-        stream
+        self.stream()
+            .await?
             .purge()
             .sequence(seq)
             .await
