@@ -166,7 +166,8 @@ impl Config {
     }
 
     /// What a partitioned instance needs of the other sections: a name the
-    /// engine's subjects can carry, and outputs it has.
+    /// engine's subjects can carry, and outputs that give up on a
+    /// transition before the engine forgets it.
     fn check_partitioned(&self, problems: &mut Problems) {
         let id = &self.mqtt.client_id;
         if id.is_empty()
@@ -181,11 +182,28 @@ impl Config {
                 ),
             );
         }
-        if self.events.mqtt || self.events.webhook.is_some() {
-            problems.add(
-                "events",
-                "with backend = \"partitioned\" transitions go to the engine's GEOGATE_EVENTS stream (README, \"Running several instances\"); events.mqtt and [events.webhook] send from this instance's events file, which it does not write",
-            );
+        // Each output reads the events stream: what it has not delivered
+        // within its maximum age goes to the dead letter, which must come
+        // before the stream lets the transition go.
+        let kept = self.state.partitioned.events_max_age_s as f64;
+        let outputs = [
+            self.events
+                .mqtt
+                .then_some(("events.mqtt_max_age_s", self.events.mqtt_max_age_s)),
+            self.events
+                .webhook
+                .as_ref()
+                .map(|w| ("events.webhook.max_age_s", w.max_age_s)),
+        ];
+        for (key, max_age) in outputs.into_iter().flatten() {
+            if kept > 0.0 && max_age >= kept {
+                problems.add(
+                    key,
+                    format!(
+                        "{max_age} s is not below [state] events_max_age_s ({kept} s): the events stream would let transitions go before this output gave up on them, unseen by the dead letter; lower it, or raise events_max_age_s"
+                    ),
+                );
+            }
         }
         if self.gate.global.is_some() {
             problems.add(

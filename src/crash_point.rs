@@ -20,7 +20,9 @@
 //! partitioned backend: `partition.committed` (a commit in the log, its
 //! transitions not yet in the events stream), `partition.published` (in
 //! the stream, the batches not yet completed) and `partition.snapshot` (a
-//! snapshot's part in the log, the rest not).
+//! snapshot's part in the log, the rest not), and `partition.output_store`
+//! (an output delivered transitions past its cursor in the engine, which
+//! is not yet written).
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};

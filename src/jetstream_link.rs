@@ -27,12 +27,22 @@ pub async fn reader_after(
     stream: &stream::Stream,
     after: u64,
 ) -> Result<consumer::Consumer<consumer::pull::Config>, String> {
+    subject_reader_after(stream, String::new(), after).await
+}
+
+/// The same, of the messages on `subject` only (every subject when empty).
+pub async fn subject_reader_after(
+    stream: &stream::Stream,
+    subject: String,
+    after: u64,
+) -> Result<consumer::Consumer<consumer::pull::Config>, String> {
     stream
         .create_consumer(consumer::pull::Config {
             deliver_policy: consumer::DeliverPolicy::ByStartSequence {
                 start_sequence: after + 1,
             },
             ack_policy: consumer::AckPolicy::None,
+            filter_subject: subject,
             ..Default::default()
         })
         .await

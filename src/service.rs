@@ -16,7 +16,7 @@ use crate::clock::MonotonicClock;
 use crate::codec::Dedup;
 use crate::config::Config;
 use crate::delivery::Outputs;
-use crate::delivery::webhook::WebhookTarget;
+use crate::delivery::targets::Targets;
 use crate::geofence::FenceErrors;
 pub use crate::geofence::reload::FenceReloader;
 use crate::geofence::reload::LiveFences;
@@ -169,38 +169,15 @@ pub async fn run(
 
     // State: a missing or held state file stops the start here, before
     // anything is taken from the broker.
-    let events_mqtt = if config.events.mqtt {
-        let id = format!("{}-events", config.mqtt.client_id);
-        let mut broker = config.mqtt.clone();
-        if let Some(host) = &config.events.mqtt_host {
-            broker.host.clone_from(host);
-        }
-        if let Some(port) = config.events.mqtt_port {
-            broker.port = port;
-        }
-        let options = mqtt::connection(&broker, &id).map_err(ServiceError::Mqtt)?;
-        Some((
-            options,
-            mqtt::network_options(&broker),
-            config.events.mqtt_limits(),
-        ))
-    } else {
-        None
-    };
-    let events_webhook = match &config.events.webhook {
-        Some(w) => {
-            let url = reqwest::Url::parse(&w.url)
-                .map_err(|e| ServiceError::Config(format!("events.webhook.url: {e}")))?;
-            let secret = w.load_secret().map_err(ServiceError::Config)?;
-            Some((
-                WebhookTarget {
-                    url,
-                    secret: secret.into(),
-                    batch: w.batch,
-                    timeout: Duration::from_millis(w.timeout_ms),
-                },
-                w.limits(config.events.max_pending),
-            ))
+    let targets = Targets::configured(&config.events, &config.mqtt)
+        .map_err(|e| ServiceError::Config(e.to_string()))?;
+    let events_mqtt = match &targets.mqtt {
+        Some(target) => {
+            let id = format!("{}-events", config.mqtt.client_id);
+            let (options, network) = target
+                .connection(&id)
+                .map_err(|e| ServiceError::Config(e.to_string()))?;
+            Some((options, network, target.limits))
         }
         None => None,
     };
@@ -215,7 +192,7 @@ pub async fn run(
             outputs: Outputs {
                 rotation: config.events.rotation(),
                 mqtt: events_mqtt,
-                webhook: events_webhook,
+                webhook: targets.webhook,
                 dead_letter: Some(expired_tx),
             },
             settings,

@@ -151,7 +151,7 @@ fn under_always_a_power_loss_at_any_point_loses_and_repeats_nothing() {
     let Some(receiver) = support::webhook::WebhookReceiver::start(SECRET) else {
         return;
     };
-    let published = subscribe_kept(&runtime, broker.port);
+    let published = support::subscribe_events(&runtime, broker.port);
     let dir = tempfile::tempdir().unwrap();
     let events = dir.path().join("events.ndjson");
     // Every output on: the file, MQTT and a webhook.
@@ -370,50 +370,6 @@ fn a_full_disk_pushes_back_loses_nothing_and_resumes_by_itself() {
     );
 }
 
-/// Collects every transition published to `geogate/events/#` on the
-/// events broker at `port`, on a kept session (the broker's persistence
-/// carries it across the broker's restart).
-fn subscribe_kept(
-    runtime: &tokio::runtime::Runtime,
-    port: u16,
-) -> std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>> {
-    use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
-    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let (ready_tx, ready) = std::sync::mpsc::channel();
-    let sink = got.clone();
-    runtime.spawn(async move {
-        let mut options = MqttOptions::new("outputs-subscriber", "127.0.0.1", port);
-        options.set_clean_session(false);
-        options.set_keep_alive(Duration::from_secs(5));
-        let (client, mut events) = AsyncClient::new(options, 100);
-        client
-            .subscribe("geogate/events/#", QoS::AtLeastOnce)
-            .await
-            .unwrap();
-        // Bounded: the test ends well within it.
-        let until = tokio::time::Instant::now() + Duration::from_secs(300);
-        while tokio::time::Instant::now() < until {
-            match events.poll().await {
-                Ok(Event::Incoming(Packet::SubAck(_))) => {
-                    let _ = ready_tx.send(());
-                }
-                Ok(Event::Incoming(Packet::Publish(p))) => {
-                    if let Ok(v) = serde_json::from_slice(&p.payload) {
-                        sink.lock().unwrap().push(v);
-                    }
-                }
-                Ok(_) => {}
-                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-        }
-        drop(client);
-    });
-    ready
-        .recv_timeout(Duration::from_secs(10))
-        .expect("subscribed to the events broker");
-    got
-}
-
 fn ids(events: &[serde_json::Value]) -> std::collections::BTreeSet<String> {
     events
         .iter()
@@ -492,7 +448,7 @@ fn a_dead_events_broker_holds_intake_within_bounds_and_loses_nothing() {
         return;
     };
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let published = subscribe_kept(&runtime, brokers.events.port);
+    let published = support::subscribe_events(&runtime, brokers.events.port);
     let dir = tempfile::tempdir().unwrap();
     let geogate = brokers.geogate(dir.path(), "dead-events", 100, 600.0);
     let port = brokers.intake.port;
@@ -588,7 +544,7 @@ fn past_its_maximum_age_an_unpublished_transition_goes_to_the_dead_letter() {
         return;
     };
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let published = subscribe_kept(&runtime, brokers.events.port);
+    let published = support::subscribe_events(&runtime, brokers.events.port);
     let dir = tempfile::tempdir().unwrap();
     let mut geogate = brokers.geogate(dir.path(), "expire-events", 100, 1.0);
     let port = brokers.intake.port;
@@ -984,7 +940,7 @@ fn a_big_backlog_is_streamed(backlog: impl FnOnce(&Path)) {
         return;
     };
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let published = subscribe_kept(&runtime, brokers.events.port);
+    let published = support::subscribe_events(&runtime, brokers.events.port);
     brokers.events.stop();
     let dir = tempfile::tempdir().unwrap();
     let mut geogate = brokers.geogate(dir.path(), "big-outbox", 1000, 3600.0);

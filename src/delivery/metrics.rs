@@ -10,6 +10,21 @@ pub const OUTPUT_RETRIES_TOTAL: &str = "geogate_output_retries_total";
 pub const OUTPUT_PENDING_ENTRIES: &str = "geogate_output_pending_entries";
 pub const OUTPUT_LATENCY_SECONDS: &str = "geogate_output_latency_seconds";
 
+/// An output's labels: `key` (`output`, or `sink` for its health) names
+/// it; with partitioned state, each partition's owner runs the partition's
+/// own, labelled with it.
+pub fn output_labels(
+    key: &'static str,
+    output: &'static str,
+    partition: Option<u32>,
+) -> Vec<(&'static str, String)> {
+    let mut labels = vec![(key, output.to_owned())];
+    if let Some(p) = partition {
+        labels.push(("partition", p.to_string()));
+    }
+    labels
+}
+
 /// Describes them to the exporter.
 pub fn describe() {
     describe_counter!(

@@ -26,6 +26,7 @@ pub mod outbox;
 pub mod output_queue;
 pub mod publisher;
 pub mod relay;
+pub mod targets;
 pub mod webhook;
 pub mod writer;
 

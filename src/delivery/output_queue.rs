@@ -17,6 +17,7 @@
 
 use super::metrics::{
     OUTPUT_DELIVERED_TOTAL, OUTPUT_EXPIRED_TOTAL, OUTPUT_LATENCY_SECONDS, OUTPUT_PENDING_ENTRIES,
+    output_labels,
 };
 use super::outbox::OutboxEntry;
 use crate::clock::receive_now_ms;
@@ -151,14 +152,17 @@ pub struct OutputQueue {
 }
 
 impl OutputQueue {
-    /// A queue for `output` whose cursor starts at `cursor`'s value.
+    /// A queue for `output` (of `partition`, with partitioned state)
+    /// whose cursor starts at `cursor`'s value.
     pub fn new(
         output: &'static str,
+        partition: Option<u32>,
         cursor: Arc<AtomicU64>,
         room: Room,
         max_age: Duration,
         dead_letter: Option<DeadLetterQueue>,
     ) -> Self {
+        let labels = output_labels("output", output, partition);
         Self {
             output,
             entries: VecDeque::new(),
@@ -169,10 +173,10 @@ impl OutputQueue {
             max_age_ms: i64::try_from(max_age.as_millis()).unwrap_or(i64::MAX),
             dead_letter,
             dead_letter_failing: false,
-            delivered: metrics::counter!(OUTPUT_DELIVERED_TOTAL, "output" => output),
-            expired: metrics::counter!(OUTPUT_EXPIRED_TOTAL, "output" => output),
-            pending: metrics::gauge!(OUTPUT_PENDING_ENTRIES, "output" => output),
-            latency: metrics::histogram!(OUTPUT_LATENCY_SECONDS, "output" => output),
+            delivered: metrics::counter!(OUTPUT_DELIVERED_TOTAL, &labels),
+            expired: metrics::counter!(OUTPUT_EXPIRED_TOTAL, &labels),
+            pending: metrics::gauge!(OUTPUT_PENDING_ENTRIES, &labels),
+            latency: metrics::histogram!(OUTPUT_LATENCY_SECONDS, &labels),
         }
     }
 
@@ -366,6 +370,7 @@ mod tests {
         });
         let mut queue = OutputQueue::new(
             "mqtt",
+            None,
             cursor.clone(),
             room.clone(),
             Duration::from_millis(1000),
@@ -405,6 +410,7 @@ mod tests {
         let cursor = Arc::new(AtomicU64::new(0));
         let mut queue = OutputQueue::new(
             "webhook",
+            None,
             cursor.clone(),
             Room::new(8),
             Duration::ZERO,

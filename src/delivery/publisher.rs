@@ -26,7 +26,7 @@
 //! cannot hold up shutdown: what is unconfirmed or unsent then is sent
 //! again after the restart.
 
-use super::metrics::{EVENTS_PUBLISH_SKIPPED_TOTAL, OUTPUT_RETRIES_TOTAL};
+use super::metrics::{EVENTS_PUBLISH_SKIPPED_TOTAL, OUTPUT_RETRIES_TOTAL, output_labels};
 use super::outbox::OutboxEntry;
 use super::output_queue::{DeadLetterQueue, OutputFeed, OutputLimits, OutputQueue, Room};
 use crate::clock::receive_now_ms;
@@ -112,6 +112,7 @@ impl Publisher {
     pub fn spawn(
         options: (MqttOptions, NetworkOptions),
         limits: OutputLimits,
+        partition: Option<u32>,
         cursor: Arc<AtomicU64>,
         drain: Drain,
         done: std::sync::mpsc::Sender<()>,
@@ -119,18 +120,21 @@ impl Publisher {
     ) -> (JoinHandle<()>, OutputFeed) {
         let room = Room::new(limits.max_pending);
         let (feed, rx) = OutputFeed::new(room.clone());
-        let healthy = metrics::gauge!(SINK_HEALTHY, "sink" => "mqtt");
+        let healthy = metrics::gauge!(SINK_HEALTHY, &output_labels("sink", "mqtt", partition));
         let publisher = Self {
             connection: Connection::open(&options, &healthy),
             options,
-            queue: OutputQueue::new("mqtt", cursor, room, limits.max_age, dead_letter),
+            queue: OutputQueue::new("mqtt", partition, cursor, room, limits.max_age, dead_letter),
             requested: 0,
             acked_base: 0,
             sessions_lost_seen: 0,
             drain,
             healthy,
             skipped: metrics::counter!(EVENTS_PUBLISH_SKIPPED_TOTAL),
-            resent: metrics::counter!(OUTPUT_RETRIES_TOTAL, "output" => "mqtt"),
+            resent: metrics::counter!(
+                OUTPUT_RETRIES_TOTAL,
+                &output_labels("output", "mqtt", partition)
+            ),
             _done: done,
         };
         (tokio::spawn(publisher.run(rx)), feed)

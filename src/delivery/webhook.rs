@@ -18,7 +18,7 @@
 //! A transition still not delivered past `max_age_s` goes to the dead letter
 //! as `webhook_expired` ([`super::output_queue`]): never dropped silently.
 
-use super::metrics::OUTPUT_RETRIES_TOTAL;
+use super::metrics::{OUTPUT_RETRIES_TOTAL, output_labels};
 use super::outbox::OutboxEntry;
 use super::output_queue::{DeadLetterQueue, OutputFeed, OutputLimits, OutputQueue, Room};
 use crate::backoff::Backoff;
@@ -85,6 +85,7 @@ impl Webhook {
     pub fn spawn(
         target: WebhookTarget,
         limits: OutputLimits,
+        partition: Option<u32>,
         cursor: Arc<AtomicU64>,
         drain: Drain,
         done: std::sync::mpsc::Sender<()>,
@@ -103,16 +104,26 @@ impl Webhook {
             .build()?;
         let room = Room::new(limits.max_pending);
         let (feed, rx) = OutputFeed::new(room.clone());
-        let healthy = metrics::gauge!(SINK_HEALTHY, "sink" => "webhook");
+        let healthy = metrics::gauge!(SINK_HEALTHY, &output_labels("sink", "webhook", partition));
         healthy.set(1.0);
         let webhook = Self {
             http,
             batch: target.batch.max(1),
             target,
-            queue: OutputQueue::new("webhook", cursor, room, limits.max_age, dead_letter),
+            queue: OutputQueue::new(
+                "webhook",
+                partition,
+                cursor,
+                room,
+                limits.max_age,
+                dead_letter,
+            ),
             drain,
             healthy,
-            retries: metrics::counter!(OUTPUT_RETRIES_TOTAL, "output" => "webhook"),
+            retries: metrics::counter!(
+                OUTPUT_RETRIES_TOTAL,
+                &output_labels("output", "webhook", partition)
+            ),
             backoff: Backoff::new(),
             _done: done,
         };

@@ -23,10 +23,13 @@ pub mod engine;
 pub mod events_tail;
 pub mod manager;
 pub mod members;
+pub mod output_cursor;
+pub mod outputs;
 pub mod owner;
 pub mod status;
 
 use crate::config::Config;
+use crate::delivery::targets::Targets;
 use crate::geofence::reload::{FenceReloader, LiveFences};
 use crate::sink::dead_letter::DeadLetterSink;
 use crate::state::metrics::FENCE_SETS_LIVE;
@@ -39,6 +42,7 @@ use crate::state::partitioned::metrics::{
 use dead_letters::DeadLetters;
 use manager::Manager;
 use members::{Heartbeat, Members};
+use outputs::OutputsContext;
 use owner::OwnerContext;
 use std::future::Future;
 use std::sync::Arc;
@@ -57,6 +61,8 @@ pub enum ScaleOutError {
     },
     #[error("{0}")]
     Partition(#[from] PartitionError),
+    #[error("{0}")]
+    Outputs(#[from] crate::delivery::targets::TargetError),
 }
 
 /// Runs this instance's share of the partitions until `shutdown`
@@ -84,6 +90,12 @@ pub async fn run(
             source,
         })?;
     let (dead_letters, dead_letter_task) = DeadLetters::start(sink);
+    let targets = Targets::configured(&config.events, &config.mqtt)?;
+    if let Some(mqtt) = &targets.mqtt {
+        // The events broker's TLS files are read now: a bad one stops the
+        // start instead of every partition's publisher.
+        mqtt.connection(&instance)?;
+    }
 
     let js = engine::connect(pc, &instance).await?;
     engine::check_partition_count(&js, pc.partitions).await?;
@@ -102,8 +114,14 @@ pub async fn run(
         keep_input: pc.keep_input,
         events_max_age: Duration::from_secs(pc.events_max_age_s),
         per_fence_labels: config.metrics.per_fence_labels,
-        dead_letters,
+        dead_letters: dead_letters.clone(),
         sustained_rate: config.pipeline.sustained_rate,
+        outputs: OutputsContext {
+            targets,
+            instance: instance.clone(),
+            dead_letters,
+            deadline: Duration::from_secs_f64(config.pipeline.drain_deadline_s),
+        },
     };
     metrics::gauge!(PARTITIONS).set(f64::from(pc.partitions));
     // Every series at zero from the start: a panel or alert sees a rate of

@@ -10,6 +10,7 @@
 //! same after an owner change as an uninterrupted owner would.
 
 use super::dead_letters::{DeadLetters, Record};
+use super::outputs::{OutputsContext, PartitionOutputs};
 use crate::codec::{self, CodecSettings};
 use crate::geofence::{Evaluator, EvaluatorSettings, FenceIndex, Fix};
 use crate::model::{Telemetry, VehicleId};
@@ -65,6 +66,8 @@ pub struct OwnerContext {
     /// Fixes per second at most (`pipeline.sustained_rate`; 0: no cap):
     /// models a slower evaluator, as it does for a shard worker.
     pub sustained_rate: f64,
+    /// `[events] mqtt` and `[events.webhook]`, run for each partition owned.
+    pub outputs: OutputsContext,
 }
 
 /// Owns `partition` until `stop` is set, or another owner is found to
@@ -110,6 +113,7 @@ pub async fn own(
     mirror
         .unpublished
         .retain(|(commit, _)| *commit > events.published());
+    let outputs = PartitionOutputs::start(&ctx.outputs, &ctx.js, partition);
     tracing::info!(
         partition,
         position = mirror.input_through,
@@ -257,13 +261,20 @@ pub async fn own(
     }
     drop(shard);
     lag.set(0.0);
-    committer.await.unwrap_or_else(|e| {
+    let committed = committer.await.unwrap_or_else(|e| {
         Err(PartitionError::Engine {
             partition,
             what: "committer".into(),
             detail: e.to_string(),
         })
-    })
+    });
+    // Finished well, the outputs deliver what the stream holds now; an
+    // owner that failed or was deposed drops them, and whoever owns the
+    // partition next goes on from their stored cursors.
+    if committed.is_ok() {
+        outputs.finish().await;
+    }
+    committed
 }
 
 /// A batch's fixes decoded: those for the state (with their receive time,

@@ -1,9 +1,8 @@
 //! The example config (`config/geogate.toml`) switched to the partitioned
 //! state backend, for the tests of that backend's checks.
 
-/// The example with `[state] backend = "partitioned"` at `url`, 8
-/// partitions, and its MQTT events off (a partitioned instance writes no
-/// events file to send them from).
+/// The example with `[state] backend = "partitioned"` at `url` and 8
+/// partitions.
 pub fn with_partitioned_state(url: &str) -> String {
     let text = std::fs::read_to_string("config/geogate.toml").expect("example config");
     // Only the [state] section's commented keys are switched on: the
@@ -23,6 +22,5 @@ pub fn with_partitioned_state(url: &str) -> String {
         3,
         "the example documents backend, urls and partitions under [state]"
     );
-    let head = head.replace("mqtt = true ", "mqtt = false ");
     format!("{head}{switched}")
 }

@@ -257,3 +257,47 @@ pub fn cut_to_last_sync(file: &std::path::Path) -> u64 {
     handle.set_len(synced.min(len)).expect("cut");
     len.saturating_sub(synced)
 }
+
+/// Collects every transition published to `geogate/events/#` on the
+/// events broker at `port`, on a kept session (the broker's persistence
+/// carries it across the broker's restart).
+pub fn subscribe_events(
+    runtime: &tokio::runtime::Runtime,
+    port: u16,
+) -> std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>> {
+    use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    let sink = got.clone();
+    runtime.spawn(async move {
+        let mut options = MqttOptions::new("outputs-subscriber", "127.0.0.1", port);
+        options.set_clean_session(false);
+        options.set_keep_alive(std::time::Duration::from_secs(5));
+        let (client, mut events) = AsyncClient::new(options, 100);
+        client
+            .subscribe("geogate/events/#", QoS::AtLeastOnce)
+            .await
+            .unwrap();
+        // Bounded: the test ends well within it.
+        let until = tokio::time::Instant::now() + std::time::Duration::from_secs(300);
+        while tokio::time::Instant::now() < until {
+            match events.poll().await {
+                Ok(Event::Incoming(Packet::SubAck(_))) => {
+                    let _ = ready_tx.send(());
+                }
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    if let Ok(v) = serde_json::from_slice(&p.payload) {
+                        sink.lock().unwrap().push(v);
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+            }
+        }
+        drop(client);
+    });
+    ready
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("subscribed to the events broker");
+    got
+}

@@ -170,6 +170,7 @@ impl LocalBackend {
             let (task, feed) = Publisher::spawn(
                 (options, network),
                 limits,
+                None,
                 cursors.mqtt.clone(),
                 ctx.drain.clone(),
                 done_tx.clone(),
@@ -183,6 +184,7 @@ impl LocalBackend {
             let (task, feed) = Webhook::spawn(
                 target,
                 limits,
+                None,
                 cursors.webhook.clone(),
                 ctx.drain.clone(),
                 done_tx.clone(),
