@@ -178,6 +178,18 @@ impl Engine {
         })
     }
 
+    /// Each output's cursor as stored in the engine, by subject
+    /// (`outputs.<output>.<p>`): the last seq it delivered.
+    fn output_cursors(&self) -> BTreeMap<String, u64> {
+        self.messages("GEOGATE_OUTPUTS")
+            .into_iter()
+            .map(|m| {
+                let cursor: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+                (m.subject.to_string(), cursor["seq"].as_u64().unwrap())
+            })
+            .collect()
+    }
+
     /// Everything but the input: the next run starts from no state.
     fn wipe(&self) {
         self.runtime.block_on(async {
@@ -701,9 +713,24 @@ fn outputs_deliver_every_transition_across_an_owner_killed() {
                 .iter()
                 .all(|e| ids.contains(e["id"].as_str().unwrap()))
         };
-        wait_until(60, "both outputs have every transition", || {
-            has_all(mqtt()) && has_all(receiver.accepted())
+        // Every output's cursor in the engine at its partition's last seq:
+        // the victim's partitions taken over, and what it had delivered
+        // past its stored cursors sent again.
+        let mut last: BTreeMap<u32, u64> = BTreeMap::new();
+        for e in &lines {
+            let p = e["partition"].as_u64().unwrap() as u32;
+            last.insert(p, e["seq"].as_u64().unwrap());
+        }
+        wait_until(60, "every output's cursor at its partition's end", || {
+            let cursors = engine.output_cursors();
+            last.iter().all(|(p, seq)| {
+                ["mqtt", "webhook"]
+                    .iter()
+                    .all(|o| cursors.get(&format!("outputs.{o}.{p}")) == Some(seq))
+            })
         });
+        assert_eq!(held_by(&engine, "g1"), 0, "{point}: its partitions moved");
+        assert!(has_all(mqtt()) && has_all(receiver.accepted()));
         stop_all(&mut [all.remove(0), all.remove(1)]);
         assert_exact(&engine, &want, point);
         let repeats = assert_delivered("mqtt", &mqtt(), &lines, &moved)

@@ -28,6 +28,7 @@
 use super::dead_letters::{DeadLetters, Record};
 use super::output_cursor::{Cursor, OutputCursor};
 use crate::crash_point;
+use crate::delivery::metrics::{OUTPUT_PENDING_ENTRIES, output_labels};
 use crate::delivery::outbox::OutboxEntry;
 use crate::delivery::output_queue::{Expired, OutputFeed, OutputLimits};
 use crate::delivery::publisher::Publisher;
@@ -35,6 +36,7 @@ use crate::delivery::targets::{MqttTarget, Targets};
 use crate::delivery::webhook::{Webhook, WebhookTarget};
 use crate::jetstream_link::subject_reader_after;
 use crate::shutdown::{Drain, DrainControl};
+use crate::sink::metrics::SINK_HEALTHY;
 use crate::state::partitioned::events_stream::{STREAM, subject};
 use async_nats::jetstream::consumer::{Consumer, pull};
 use async_nats::jetstream::stream::LastRawMessageErrorKind;
@@ -85,17 +87,31 @@ impl Output {
 
 /// A task aborted when its handle is dropped: an output's parts never
 /// outlive the owner that started them.
-struct Owned<T>(JoinHandle<T>);
+struct TaskGuard<T>(JoinHandle<T>);
 
-impl<T> Drop for Owned<T> {
+impl<T> Drop for TaskGuard<T> {
     fn drop(&mut self) {
         self.0.abort();
     }
 }
 
+/// Once this instance runs a partition's output no more (finished,
+/// deposed or failed), nothing of it is pending or failing here: a series
+/// left at its last value would keep the output-down alert firing for a
+/// partition owned elsewhere.
+struct SeriesReset(&'static str, u32);
+
+impl Drop for SeriesReset {
+    fn drop(&mut self) {
+        let labels = |key| output_labels(key, self.0, Some(self.1));
+        metrics::gauge!(OUTPUT_PENDING_ENTRIES, &labels("output")).set(0.0);
+        metrics::gauge!(SINK_HEALTHY, &labels("sink")).set(1.0);
+    }
+}
+
 /// One partition's outputs, running.
 pub struct PartitionOutputs {
-    runs: Vec<(watch::Sender<bool>, Owned<()>)>,
+    runs: Vec<(watch::Sender<bool>, TaskGuard<()>)>,
 }
 
 impl PartitionOutputs {
@@ -122,7 +138,7 @@ impl PartitionOutputs {
                     js: js.clone(),
                     ctx: ctx.clone(),
                 };
-                (stop, Owned(tokio::spawn(run.deliver(stopped))))
+                (stop, TaskGuard(tokio::spawn(run.deliver(stopped))))
             })
             .collect();
         Self { runs }
@@ -159,14 +175,15 @@ impl Run {
         let (control, mut drain) = DrainControl::new();
         let deadline = self.ctx.deadline;
         let mut stopped = stop.clone();
-        let _deadline = Owned(tokio::spawn(async move {
+        let _deadline = TaskGuard(tokio::spawn(async move {
             if stopped.wait_for(|s| *s).await.is_ok() {
                 control.begin(Instant::now() + deadline);
             }
         }));
+        let _series = SeriesReset(name, p);
         let cursor = Arc::new(AtomicU64::new(start.seq));
         let (expired_tx, expired_rx) = mpsc::unbounded_channel();
-        let forward = Owned(tokio::spawn(forward_expired(
+        let forward = TaskGuard(tokio::spawn(forward_expired(
             expired_rx,
             self.ctx.dead_letters.clone(),
             p,
@@ -253,7 +270,7 @@ impl Run {
         drain: &Drain,
         dead_letter: mpsc::UnboundedSender<Expired>,
         stop: &watch::Receiver<bool>,
-    ) -> Option<(Owned<()>, OutputFeed)> {
+    ) -> Option<(TaskGuard<()>, OutputFeed)> {
         let p = Some(self.partition);
         loop {
             let (done, _) = std::sync::mpsc::channel();
@@ -286,7 +303,7 @@ impl Run {
                 .map_err(|e| format!("{}: {e}", target.url)),
             };
             match spawned {
-                Ok((task, feed)) => return Some((Owned(task), feed)),
+                Ok((task, feed)) => return Some((TaskGuard(task), feed)),
                 Err(e) => tracing::error!(
                     partition = self.partition,
                     output = self.output.name(),
@@ -301,7 +318,7 @@ impl Run {
     }
 }
 
-impl<T> Owned<T> {
+impl<T> TaskGuard<T> {
     /// Waits for the task to end.
     async fn await_done(mut self) -> Result<T, tokio::task::JoinError> {
         (&mut self.0).await
