@@ -184,7 +184,9 @@ impl Config {
         }
         // Each output reads the events stream: what it has not delivered
         // within its maximum age goes to the dead letter, which must come
-        // before the stream lets the transition go.
+        // before the stream lets the transition go. Half the stream's age
+        // at most leaves room for an output's queue to be worked through
+        // (and for retry pauses) before the stream's age is reached.
         let kept = self.state.partitioned.events_max_age_s as f64;
         let outputs = [
             self.events
@@ -196,11 +198,11 @@ impl Config {
                 .map(|w| ("events.webhook.max_age_s", w.max_age_s)),
         ];
         for (key, max_age) in outputs.into_iter().flatten() {
-            if kept > 0.0 && max_age >= kept {
+            if kept > 0.0 && max_age > kept / 2.0 {
                 problems.add(
                     key,
                     format!(
-                        "{max_age} s is not below [state] events_max_age_s ({kept} s): the events stream would let transitions go before this output gave up on them, unseen by the dead letter; lower it, or raise events_max_age_s"
+                        "{max_age} s is more than half [state] events_max_age_s ({kept} s): the events stream could let transitions go before this output got to them or gave up on them; lower it, or raise events_max_age_s"
                     ),
                 );
             }

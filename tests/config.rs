@@ -238,20 +238,22 @@ fn the_partitioned_state_backend_is_checked_and_names_its_field() {
     for field in ["state.urls", "state.partitions", "events.path"] {
         assert!(fields.contains(&field), "{field} not in {problems:?}");
     }
-    // The events stream must outlast what the outputs hold on to: past
-    // events_max_age_s a transition would leave it before its output
-    // gave up on it and dead-lettered it.
+    // The events stream must outlast what the outputs hold on to, twice
+    // over: past events_max_age_s a transition would leave it before its
+    // output got to it or gave up on it and dead-lettered it.
     assert!(config.events.mqtt, "the example publishes over MQTT");
-    let short = partitioned.replace("# events_max_age_s = 604800", "events_max_age_s = 600");
+    let short = partitioned.replace("# events_max_age_s = 604800", "events_max_age_s = 1199");
     assert_ne!(short, partitioned, "the example documents events_max_age_s");
     let Err(ConfigError::Invalid(problems)) = Config::parse(&short) else {
-        panic!("expected a stream kept for less than the MQTT output's maximum age to be refused");
+        panic!(
+            "expected a stream kept for less than twice the MQTT output's maximum age to be refused"
+        );
     };
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert_eq!(problems[0].field, "events.mqtt_max_age_s");
     assert!(problems[0].message.contains("events_max_age_s"));
-    let longer = short.replace("events_max_age_s = 600", "events_max_age_s = 601");
-    Config::parse(&longer).expect("a stream kept longer than the output's maximum age");
+    let longer = short.replace("events_max_age_s = 1199", "events_max_age_s = 1200");
+    Config::parse(&longer).expect("a stream kept twice the output's maximum age");
 }
 
 /// A key of one state backend under another is refused by name, not

@@ -315,6 +315,11 @@ impl Manager {
             tracing::warn!("partition {p}: its owner did not finish within the drain deadline");
             owned.task.abort();
         }
+        // Owners that stepped down and are still finishing: their leases
+        // are another's already, and they must not hold the stop up.
+        for stopping in std::mem::take(&mut self.stopping) {
+            stopping.task.abort();
+        }
     }
 }
 

@@ -102,12 +102,20 @@ impl OutputCursor {
         Ok(())
     }
 
-    /// Stores `to`, unless the stored cursor is there already or past it
-    /// (the first store of a new output writes even an empty one: where it
-    /// starts).
+    /// Stores `to`, unless the stored cursor is there already or past it.
     pub async fn advance(&mut self, to: Cursor) -> Result<(), CursorError> {
+        self.write(to, true).await
+    }
+
+    /// Stores `to` whatever is stored: where a new output starts, or one
+    /// whose partition's events were made again (seqs started over).
+    pub async fn reset(&mut self, to: Cursor) -> Result<(), CursorError> {
+        self.write(to, false).await
+    }
+
+    async fn write(&mut self, to: Cursor, forward_only: bool) -> Result<(), CursorError> {
         for _ in 0..WRITE_TRIES {
-            if self.stored.is_some_and(|(c, _)| c.seq >= to.seq) {
+            if forward_only && self.stored.is_some_and(|(c, _)| c.seq >= to.seq) {
                 return Ok(());
             }
             let expected = self.stored.map_or(0, |(_, seq)| seq);
@@ -126,7 +134,8 @@ impl OutputCursor {
                     self.stored = Some((to, ack.sequence));
                     return Ok(());
                 }
-                // Another owner wrote meanwhile: keep the later of the two.
+                // Another owner wrote meanwhile: moving forward, the later
+                // of the two is kept.
                 Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => self.read().await?,
                 Err(e) => return Err(self.error(e.to_string())),
             }

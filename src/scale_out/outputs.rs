@@ -7,7 +7,8 @@
 //! delivery is confirmed.
 //!
 //! * **At least once, by id.** Each output's cursor for the partition is
-//!   kept in the engine ([`super::output_cursor`]) about twice a second
+//!   kept in the engine ([`super::output_cursor`]) every half second while
+//!   it moves (apart from reading, which may wait for room in the queue)
 //!   and when the owner finishes; a new owner, on any machine, goes on
 //!   from it, sending again, with the same ids, what was in flight.
 //! * **In order per vehicle.** A vehicle lives in one partition, and a
@@ -16,14 +17,16 @@
 //!   crash, a pause) can arrive after later transitions: consumers drop
 //!   it by its id.
 //! * **Nothing lost silently.** The events stream keeps transitions for
-//!   `[state] events_max_age_s`, longer than any output's maximum age
+//!   `[state] events_max_age_s`, at least twice any output's maximum age
 //!   (`config check` sees to it), so each is delivered or dead-lettered
 //!   before the stream lets it go. Should transitions be gone all the same
-//!   (the stream purged by hand), the gap in seqs is found and written to
-//!   the dead letter as `events_missing`.
+//!   (a fleet down for longer, the stream purged by hand), the gap in seqs
+//!   is found and written to the dead letter as `events_missing`.
 //! * **From when it was added.** An output with no cursor for a partition
-//!   starts at the partition's last transition then, as an output added
-//!   to the local backends does: it is not sent the stream's history.
+//!   starts after the last transition the stream held when the owner took
+//!   the partition over (read before that owner publishes anything), as an
+//!   output added to the local backends does: it is not sent the
+//!   stream's history.
 
 use super::dead_letters::{DeadLetters, Record};
 use super::output_cursor::{Cursor, OutputCursor};
@@ -44,8 +47,8 @@ use async_nats::jetstream::{self, stream};
 use futures_util::StreamExt;
 use serde::Deserialize;
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -115,8 +118,18 @@ pub struct PartitionOutputs {
 }
 
 impl PartitionOutputs {
-    /// Starts every configured output for `partition`.
-    pub fn start(ctx: &OutputsContext, js: &jetstream::Context, partition: u32) -> Self {
+    /// Starts every configured output for `partition`. `fresh`: where an
+    /// output with no cursor yet starts (the stream's end as the owner took
+    /// the partition over). `owner_stop`: set when the owner is asked to
+    /// stop; the outputs' deadline counts from then, so that they finish
+    /// within the drain deadline the owner's manager keeps.
+    pub fn start(
+        ctx: &OutputsContext,
+        js: &jetstream::Context,
+        partition: u32,
+        fresh: Cursor,
+        owner_stop: watch::Receiver<bool>,
+    ) -> Self {
         let outputs = ctx
             .targets
             .mqtt
@@ -137,6 +150,8 @@ impl PartitionOutputs {
                     partition,
                     js: js.clone(),
                     ctx: ctx.clone(),
+                    fresh,
+                    owner_stop: owner_stop.clone(),
                 };
                 (stop, TaskGuard(tokio::spawn(run.deliver(stopped))))
             })
@@ -162,26 +177,41 @@ struct Run {
     partition: u32,
     js: jetstream::Context,
     ctx: OutputsContext,
+    fresh: Cursor,
+    owner_stop: watch::Receiver<bool>,
 }
 
 impl Run {
     async fn deliver(self, mut stop: watch::Receiver<bool>) {
         let name = self.output.name();
         let p = self.partition;
-        let Some((mut store, start)) = self.open_cursor(&stop).await else {
+        let Some((store, start)) = self.open_cursor(&stop).await else {
             return;
         };
-        // Finishing: the output gets the deadline to deliver what it holds.
+        // Once the owner is asked to stop, the output has three quarters
+        // of the drain deadline to deliver what it holds: its last cursor
+        // is stored before the manager gives up on the owner.
         let (control, mut drain) = DrainControl::new();
-        let deadline = self.ctx.deadline;
-        let mut stopped = stop.clone();
+        let deadline = self.ctx.deadline.mul_f64(0.75);
+        let mut owner_stop = self.owner_stop.clone();
         let _deadline = TaskGuard(tokio::spawn(async move {
-            if stopped.wait_for(|s| *s).await.is_ok() {
+            if owner_stop.wait_for(|s| *s).await.is_ok() {
                 control.begin(Instant::now() + deadline);
             }
         }));
         let _series = SeriesReset(name, p);
         let cursor = Arc::new(AtomicU64::new(start.seq));
+        let placement = Arc::new(Mutex::new(Placement {
+            next_read: start.read_from.max(1),
+            placed: VecDeque::new(),
+        }));
+        let (last_store, last_stored) = watch::channel(false);
+        let keeper = TaskGuard(tokio::spawn(keep_cursor(
+            store,
+            cursor.clone(),
+            placement.clone(),
+            last_stored,
+        )));
         let (expired_tx, expired_rx) = mpsc::unbounded_channel();
         let forward = TaskGuard(tokio::spawn(forward_expired(
             expired_rx,
@@ -194,10 +224,17 @@ impl Run {
         else {
             return;
         };
-        let mut reader = EventsReader::new(&self, start);
-        let mut persist_at = Instant::now() + PERSIST_EVERY;
+        let mut reader = EventsReader::new(&self, start.seq, placement);
         loop {
             let finishing = *stop.borrow_and_update();
+            if finishing && drain.passed() {
+                tracing::warn!(
+                    partition = p,
+                    output = name,
+                    "not read to the partition's end within the drain deadline; the next owner goes on from the stored cursor"
+                );
+                break;
+            }
             match reader.read_into(&feed, &mut drain).await {
                 Ok(0) if finishing => match reader.caught_up().await {
                     Ok(true) => break,
@@ -208,51 +245,55 @@ impl Run {
                 Err(ReadError::DrainPassed) => break,
                 Err(ReadError::Engine(e)) => {
                     tracing::warn!(partition = p, output = name, "reading {STREAM}: {e}");
-                    if drain.passed() {
-                        break;
-                    }
                     tokio::select! {
                         _ = tokio::time::sleep(READ_WAIT * 4) => {}
                         _ = stop.changed() => {}
                     }
                 }
             }
-            if Instant::now() >= persist_at {
-                reader.store(&mut store, cursor.load(Relaxed)).await;
-                persist_at = Instant::now() + PERSIST_EVERY;
-            }
         }
         // Hung up, the output delivers what it holds, then stops (at the
         // deadline at the latest); what it gave up on is in the dead letter
-        // once the forwarder has written it.
+        // once the forwarder has written it. Then the cursor is stored a
+        // last time.
         drop(feed);
         let _ = output.await_done().await;
         let _ = forward.await_done().await;
-        reader.store(&mut store, cursor.load(Relaxed)).await;
+        let _ = last_store.send(true);
+        let _ = keeper.await_done().await;
     }
 
     /// Reads the output's cursor, storing where a new one starts; `None`
     /// if the owner finished before the engine answered.
     async fn open_cursor(&self, stop: &watch::Receiver<bool>) -> Option<(OutputCursor, Cursor)> {
         let name = self.output.name();
+        let p = self.partition;
         loop {
             let opened = async {
-                let mut store = OutputCursor::open(&self.js, name, self.partition)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let mut store = OutputCursor::open(&self.js, name, p).await?;
                 let start = match store.stored() {
-                    Some(cursor) => cursor,
-                    None => {
-                        let start = partition_end(&self.js, self.partition).await?;
-                        store.advance(start).await.map_err(|e| e.to_string())?;
-                        start
+                    Some(cursor) if cursor.seq <= self.fresh.seq => cursor,
+                    stored => {
+                        if let Some(cursor) = stored {
+                            // Past every transition the partition has: its
+                            // events were made again (seqs start over).
+                            tracing::warn!(
+                                partition = p,
+                                output = name,
+                                "the stored cursor (seq {}) is past the partition's last transition ({}): its events stream was made again; starting at its end",
+                                cursor.seq,
+                                self.fresh.seq
+                            );
+                        }
+                        store.reset(self.fresh).await?;
+                        self.fresh
                     }
                 };
-                Ok::<_, String>((store, start))
+                Ok::<_, super::output_cursor::CursorError>((store, start))
             };
             match opened.await {
                 Ok(opened) => return Some(opened),
-                Err(e) => tracing::warn!(partition = self.partition, output = name, "{e}"),
+                Err(e) => tracing::warn!(partition = p, output = name, "{e}"),
             }
             if *stop.borrow() {
                 return None;
@@ -325,43 +366,6 @@ impl<T> TaskGuard<T> {
     }
 }
 
-/// Where a new output starts: after the partition's last transition now.
-async fn partition_end(js: &jetstream::Context, partition: u32) -> Result<Cursor, String> {
-    let stream = js
-        .get_stream_no_info(STREAM)
-        .await
-        .map_err(|e| format!("{STREAM}: {e}"))?;
-    match stream
-        .get_last_raw_message_by_subject(&subject(partition))
-        .await
-    {
-        Ok(last) => {
-            let seq = last
-                .payload
-                .split(|b| *b == b'\n')
-                .filter(|l| !l.is_empty())
-                .filter_map(|l| serde_json::from_slice::<Placed>(l).ok())
-                .map(|l| l.seq)
-                .next_back()
-                .ok_or_else(|| {
-                    format!(
-                        "{STREAM} message {} of partition {partition} holds no transition line",
-                        last.sequence
-                    )
-                })?;
-            Ok(Cursor {
-                seq,
-                read_from: last.sequence + 1,
-            })
-        }
-        Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(Cursor {
-            seq: 0,
-            read_from: 1,
-        }),
-        Err(e) => Err(format!("{STREAM}: {e}")),
-    }
-}
-
 /// What an output needs of a transition line besides its bytes.
 #[derive(Deserialize)]
 struct Placed<'a> {
@@ -375,6 +379,71 @@ enum ReadError {
     Engine(String),
 }
 
+/// Where a reader stands in the stream, shared with the task that stores
+/// its cursor.
+struct Placement {
+    /// The stream position to read from next.
+    next_read: u64,
+    /// Each message read, as (its last seq, its stream position): where to
+    /// read again from, for a cursor.
+    placed: VecDeque<(u64, u64)>,
+}
+
+impl Placement {
+    /// The cursor for `delivered` (the output's last confirmed seq): the
+    /// position of the first message it still needs.
+    fn cursor(&mut self, delivered: u64) -> Cursor {
+        while self
+            .placed
+            .front()
+            .is_some_and(|(last, _)| *last <= delivered)
+        {
+            self.placed.pop_front();
+        }
+        Cursor {
+            seq: delivered,
+            read_from: self.placed.front().map_or(self.next_read, |(_, at)| *at),
+        }
+    }
+}
+
+/// Stores the output's cursor every [`PERSIST_EVERY`] while it moves,
+/// apart from reading (which can wait long for room in the output's
+/// queue), and a last time once `last` is set.
+async fn keep_cursor(
+    mut store: OutputCursor,
+    delivered: Arc<AtomicU64>,
+    placement: Arc<Mutex<Placement>>,
+    mut last: watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(PERSIST_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let last_time = tokio::select! {
+            _ = tick.tick() => false,
+            stop = last.wait_for(|l| *l) => match stop {
+                Ok(_) => true,
+                // The run was dropped: nothing more is stored.
+                Err(_) => return,
+            },
+        };
+        let cursor = match placement.lock() {
+            Ok(mut placement) => placement.cursor(delivered.load(Relaxed)),
+            Err(_) => return,
+        };
+        if store.stored().is_some_and(|c| c.seq < cursor.seq) {
+            // Delivered past the stored cursor: a crash now sends it again.
+            crash_point::reached("partition.output_store");
+        }
+        if let Err(e) = store.advance(cursor).await {
+            tracing::warn!("{e}");
+        }
+        if last_time {
+            return;
+        }
+    }
+}
+
 /// Reads one partition's transitions from the events stream, in order,
 /// from a cursor.
 struct EventsReader {
@@ -384,17 +453,13 @@ struct EventsReader {
     dead_letters: DeadLetters,
     stream: Option<stream::Stream>,
     reader: Option<Consumer<pull::Config>>,
-    /// The stream position to read from next.
-    next_read: u64,
     /// The last seq handed to the output (or its cursor, before any).
     last_seq: u64,
-    /// Each message read, as (its last seq, its stream position): where to
-    /// read again from, for a cursor.
-    placed: VecDeque<(u64, u64)>,
+    placement: Arc<Mutex<Placement>>,
 }
 
 impl EventsReader {
-    fn new(run: &Run, start: Cursor) -> Self {
+    fn new(run: &Run, last_seq: u64, placement: Arc<Mutex<Placement>>) -> Self {
         Self {
             js: run.js.clone(),
             partition: run.partition,
@@ -402,10 +467,13 @@ impl EventsReader {
             dead_letters: run.ctx.dead_letters.clone(),
             stream: None,
             reader: None,
-            next_read: start.read_from.max(1),
-            last_seq: start.seq,
-            placed: VecDeque::new(),
+            last_seq,
+            placement,
         }
+    }
+
+    fn next_read(&self) -> u64 {
+        self.placement.lock().map_or(1, |p| p.next_read)
     }
 
     async fn stream(&mut self) -> Result<&stream::Stream, String> {
@@ -439,11 +507,13 @@ impl EventsReader {
         let read = messages.len();
         let mut entries = Vec::new();
         let mut missing = Vec::new();
+        let mut placed = Vec::new();
+        let mut next_read = self.next_read();
         for (position, committed_ms, payload) in messages {
-            if position < self.next_read {
+            if position < next_read {
                 continue;
             }
-            self.next_read = position + 1;
+            next_read = position + 1;
             for line in payload.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
                 let placed = match serde_json::from_slice::<Placed>(line) {
                     Ok(placed) => placed,
@@ -480,7 +550,11 @@ impl EventsReader {
                     committed_ms,
                 });
             }
-            self.placed.push_back((self.last_seq, position));
+            placed.push((self.last_seq, position));
+        }
+        if let Ok(mut placement) = self.placement.lock() {
+            placement.next_read = next_read;
+            placement.placed.extend(placed);
         }
         self.dead_letters.write(missing).await;
         for piece in entries.chunks(feed.chunk().max(1)) {
@@ -497,7 +571,7 @@ impl EventsReader {
     async fn fetch(&mut self) -> Result<Vec<(u64, i64, bytes::Bytes)>, String> {
         if self.reader.is_none() {
             let subject = subject(self.partition);
-            let after = self.next_read - 1;
+            let after = self.next_read().saturating_sub(1);
             let stream = self.stream().await?;
             let reader = subject_reader_after(stream, subject, after).await?;
             self.reader = Some(reader);
@@ -527,7 +601,7 @@ impl EventsReader {
     /// Whether the partition holds nothing past what was read.
     async fn caught_up(&mut self) -> Result<bool, String> {
         let subject = subject(self.partition);
-        let next_read = self.next_read;
+        let next_read = self.next_read();
         match self
             .stream()
             .await?
@@ -537,30 +611,6 @@ impl EventsReader {
             Ok(last) => Ok(last.sequence < next_read),
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(true),
             Err(e) => Err(e.to_string()),
-        }
-    }
-
-    /// Stores the output's cursor at `delivered` (its last confirmed seq),
-    /// with the position of the first message it still needs.
-    async fn store(&mut self, store: &mut OutputCursor, delivered: u64) {
-        while self
-            .placed
-            .front()
-            .is_some_and(|(last, _)| *last <= delivered)
-        {
-            self.placed.pop_front();
-        }
-        let read_from = self.placed.front().map_or(self.next_read, |(_, p)| *p);
-        let cursor = Cursor {
-            seq: delivered,
-            read_from,
-        };
-        if store.stored().is_some_and(|c| c.seq < delivered) {
-            // Delivered past the stored cursor: a crash now sends it again.
-            crash_point::reached("partition.output_store");
-        }
-        if let Err(e) = store.advance(cursor).await {
-            tracing::warn!(partition = self.partition, output = self.output, "{e}");
         }
     }
 

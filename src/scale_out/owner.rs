@@ -10,6 +10,7 @@
 //! same after an owner change as an uninterrupted owner would.
 
 use super::dead_letters::{DeadLetters, Record};
+use super::output_cursor::Cursor;
 use super::outputs::{OutputsContext, PartitionOutputs};
 use crate::codec::{self, CodecSettings};
 use crate::geofence::{Evaluator, EvaluatorSettings, FenceIndex, Fix};
@@ -104,7 +105,7 @@ pub async fn own(
             partition,
             seq: mirror.last,
             detail: format!(
-                "the events stream holds commit {} of this partition, past its log's last commit {}: the log was made again under an events stream that outlived it; move GEOGATE_EVENTS's events.{partition} aside (or delete the partition's messages in it) before this partition can be owned",
+                "the events stream holds commit {} of this partition, past its log's last commit {}: the log was made again under an events stream that outlived it; move GEOGATE_EVENTS's events.{partition} aside (or delete the partition's messages in it) before this partition can be owned; its outputs then start again at the stream's end",
                 events.published(),
                 mirror.last
             ),
@@ -113,7 +114,23 @@ pub async fn own(
     mirror
         .unpublished
         .retain(|(commit, _)| *commit > events.published());
-    let outputs = PartitionOutputs::start(&ctx.outputs, &ctx.js, partition);
+    // Where an output with no cursor yet starts: after the last transition
+    // the stream holds now, read before this owner publishes anything.
+    let unpublished_lines: usize = mirror
+        .unpublished
+        .iter()
+        .map(|(_, lines)| {
+            lines
+                .split(|b| *b == b'\n')
+                .filter(|l| !l.is_empty())
+                .count()
+        })
+        .sum();
+    let fresh = Cursor {
+        seq: mirror.next_seq.saturating_sub(1 + unpublished_lines as u64),
+        read_from: events.last_position() + 1,
+    };
+    let outputs = PartitionOutputs::start(&ctx.outputs, &ctx.js, partition, fresh, stop.clone());
     tracing::info!(
         partition,
         position = mirror.input_through,

@@ -67,6 +67,11 @@ impl EventsStream {
         self.published
     }
 
+    /// The stream position of the partition's last message (0: none).
+    pub fn last_position(&self) -> u64 {
+        self.last
+    }
+
     async fn read_last(&mut self) -> Result<(), PartitionError> {
         let partition = self.partition;
         let engine = |e: String| PartitionError::engine(partition, STREAM, e);
