@@ -61,6 +61,18 @@ const PERSIST_EVERY: Duration = Duration::from_millis(500);
 const READ_MAX: usize = 100;
 const READ_WAIT: Duration = Duration::from_millis(250);
 
+/// Where a partition stood as its owner took it over, for its outputs.
+#[derive(Debug, Clone, Copy)]
+pub struct TakeoverPoint {
+    /// Where an output with no cursor yet starts: after the last
+    /// transition the events stream held (worked out from the log before
+    /// the owner publishes anything).
+    pub fresh: Cursor,
+    /// The last transition the log holds, published or not: a cursor past
+    /// it belongs to a log made again.
+    pub committed: u64,
+}
+
 /// What every partition's outputs share.
 #[derive(Clone)]
 pub struct OutputsContext {
@@ -118,16 +130,16 @@ pub struct PartitionOutputs {
 }
 
 impl PartitionOutputs {
-    /// Starts every configured output for `partition`. `fresh`: where an
-    /// output with no cursor yet starts (the stream's end as the owner took
-    /// the partition over). `owner_stop`: set when the owner is asked to
-    /// stop; the outputs' deadline counts from then, so that they finish
-    /// within the drain deadline the owner's manager keeps.
+    /// Starts every configured output for `partition`. `at`: where the
+    /// partition stood as the owner took it over. `owner_stop`: set when
+    /// the owner is asked to stop; the outputs' deadline counts from then,
+    /// so that they finish within the drain deadline the owner's manager
+    /// keeps.
     pub fn start(
         ctx: &OutputsContext,
         js: &jetstream::Context,
         partition: u32,
-        fresh: Cursor,
+        at: TakeoverPoint,
         owner_stop: watch::Receiver<bool>,
     ) -> Self {
         let outputs = ctx
@@ -150,7 +162,7 @@ impl PartitionOutputs {
                     partition,
                     js: js.clone(),
                     ctx: ctx.clone(),
-                    fresh,
+                    at,
                     owner_stop: owner_stop.clone(),
                 };
                 (stop, TaskGuard(tokio::spawn(run.deliver(stopped))))
@@ -177,7 +189,7 @@ struct Run {
     partition: u32,
     js: jetstream::Context,
     ctx: OutputsContext,
-    fresh: Cursor,
+    at: TakeoverPoint,
     owner_stop: watch::Receiver<bool>,
 }
 
@@ -271,22 +283,35 @@ impl Run {
         loop {
             let opened = async {
                 let mut store = OutputCursor::open(&self.js, name, p).await?;
+                let fresh = self.at.fresh;
                 let start = match store.stored() {
-                    Some(cursor) if cursor.seq <= self.fresh.seq => cursor,
+                    Some(cursor) if cursor.seq <= self.at.committed => Cursor {
+                        seq: cursor.seq,
+                        // A position past the stream's end: the stream was
+                        // made again, its positions start over, and it is
+                        // read from its start (lines the output has are
+                        // skipped by their seq).
+                        read_from: if cursor.read_from <= fresh.read_from {
+                            cursor.read_from
+                        } else {
+                            1
+                        },
+                    },
                     stored => {
                         if let Some(cursor) = stored {
-                            // Past every transition the partition has: its
-                            // events were made again (seqs start over).
+                            // Past every transition the partition ever
+                            // committed: its log was made again (seqs
+                            // start over).
                             tracing::warn!(
                                 partition = p,
                                 output = name,
-                                "the stored cursor (seq {}) is past the partition's last transition ({}): its events stream was made again; starting at its end",
+                                "the stored cursor (seq {}) is past the partition's last transition ({}): its log was made again; starting at the events stream's end",
                                 cursor.seq,
-                                self.fresh.seq
+                                self.at.committed
                             );
                         }
-                        store.reset(self.fresh).await?;
-                        self.fresh
+                        store.reset(fresh).await?;
+                        fresh
                     }
                 };
                 Ok::<_, super::output_cursor::CursorError>((store, start))

@@ -11,7 +11,7 @@
 
 use super::dead_letters::{DeadLetters, Record};
 use super::output_cursor::Cursor;
-use super::outputs::{OutputsContext, PartitionOutputs};
+use super::outputs::{OutputsContext, PartitionOutputs, TakeoverPoint};
 use crate::codec::{self, CodecSettings};
 use crate::geofence::{Evaluator, EvaluatorSettings, FenceIndex, Fix};
 use crate::model::{Telemetry, VehicleId};
@@ -114,8 +114,9 @@ pub async fn own(
     mirror
         .unpublished
         .retain(|(commit, _)| *commit > events.published());
-    // Where an output with no cursor yet starts: after the last transition
-    // the stream holds now, read before this owner publishes anything.
+    // Where the outputs start: one with no cursor yet after the last
+    // transition the stream holds now, worked out before this owner
+    // publishes anything.
     let unpublished_lines: usize = mirror
         .unpublished
         .iter()
@@ -126,11 +127,14 @@ pub async fn own(
                 .count()
         })
         .sum();
-    let fresh = Cursor {
-        seq: mirror.next_seq.saturating_sub(1 + unpublished_lines as u64),
-        read_from: events.last_position() + 1,
+    let at = TakeoverPoint {
+        fresh: Cursor {
+            seq: mirror.next_seq.saturating_sub(1 + unpublished_lines as u64),
+            read_from: events.last_position() + 1,
+        },
+        committed: mirror.next_seq.saturating_sub(1),
     };
-    let outputs = PartitionOutputs::start(&ctx.outputs, &ctx.js, partition, fresh, stop.clone());
+    let outputs = PartitionOutputs::start(&ctx.outputs, &ctx.js, partition, at, stop.clone());
     tracing::info!(
         partition,
         position = mirror.input_through,
