@@ -100,7 +100,7 @@ impl Engine {
                     eprintln!("status: {e}; asking again");
                     std::thread::sleep(Duration::from_millis(200));
                 }
-                Err(e) => panic!("status: {e}"),
+                Err(e) => panic!("status: {e}\nthe server's log:\n{}", self.nats.log_tail()),
             }
         }
     }

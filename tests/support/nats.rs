@@ -84,11 +84,16 @@ impl Nats {
         }
         text.push_str(&self.extra);
         std::fs::write(&config, text).expect("write nats.conf");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("nats.log"))
+            .expect("nats.log");
         let mut child = Command::new(&self.binary)
             .arg("-c")
             .arg(&config)
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("spawn nats-server");
         let up = wait_for_child_port(&mut child, self.port)
@@ -97,6 +102,19 @@ impl Nats {
                 .is_none_or(|mqtt| wait_for_child_port(&mut child, mqtt));
         self.child = Some(child);
         up
+    }
+
+    /// The last lines the server logged (warnings and errors), for a
+    /// failure's message.
+    pub fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join("nats.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        // A server that panicked: from its panic on, or the last lines.
+        let from = lines
+            .iter()
+            .position(|l| l.starts_with("panic:"))
+            .unwrap_or(lines.len().saturating_sub(30));
+        lines[from..lines.len().min(from + 12)].join("\n")
     }
 
     /// SIGKILLs the server.

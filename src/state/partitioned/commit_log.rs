@@ -28,7 +28,7 @@ use crate::jetstream_link::{file_stream, reader_after};
 use async_nats::jetstream;
 use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::context::{GetStreamErrorKind, PublishErrorKind};
-use async_nats::jetstream::stream::LastRawMessageErrorKind;
+use async_nats::jetstream::message::StreamMessage;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use std::time::Duration;
@@ -129,12 +129,9 @@ impl CommitLog {
     /// The last commit's sequence and message id.
     async fn last_commit_id(&self) -> Result<(u64, String), PartitionError> {
         let partition = self.partition;
-        let last = self
-            .stream()
+        let last = last_message(&self.js, partition)
             .await?
-            .get_last_raw_message_by_subject(&subject(partition))
-            .await
-            .map_err(|e| engine(partition, e))?;
+            .ok_or_else(|| engine(partition, "the log is empty"))?;
         let id = last
             .headers
             .get("Nats-Msg-Id")
@@ -180,28 +177,44 @@ pub async fn last_commit(
     js: &jetstream::Context,
     partition: u32,
 ) -> Result<Option<Commit>, PartitionError> {
-    let stream = js
-        .get_stream_no_info(stream_name(partition))
-        .await
-        .map_err(|e| engine(partition, e))?;
-    match stream
-        .get_last_raw_message_by_subject(&subject(partition))
-        .await
-    {
-        Ok(last) => Ok(Some(Commit {
-            seq: last.sequence,
-            body: last.payload,
-        })),
-        Err(e) => match e.kind() {
-            LastRawMessageErrorKind::NoMessageFound => Ok(None),
-            LastRawMessageErrorKind::JetStream(e)
-                if e.error_code() == ErrorCode::STREAM_NOT_FOUND =>
-            {
-                Ok(None)
-            }
-            _ => Err(engine(partition, e)),
-        },
+    Ok(last_message(js, partition).await?.map(|last| Commit {
+        seq: last.sequence,
+        body: last.payload,
+    }))
+}
+
+/// The log's last message, read by the sequence the stream's state gives.
+/// nats-server 2.9.10 can answer a read of a subject's last message on a
+/// stream a purge has just compacted (every snapshot purges the log) with
+/// a panic that takes the whole server down, so a log is never read that
+/// way. A commit appended between the two reads is simply not seen yet.
+async fn last_message(
+    js: &jetstream::Context,
+    partition: u32,
+) -> Result<Option<StreamMessage>, PartitionError> {
+    let stream = match js.get_stream(stream_name(partition)).await {
+        Ok(stream) => stream,
+        Err(e) => {
+            return match e.kind() {
+                GetStreamErrorKind::JetStream(e)
+                    if e.error_code() == ErrorCode::STREAM_NOT_FOUND =>
+                {
+                    Ok(None)
+                }
+                _ => Err(engine(partition, e)),
+            };
+        }
+    };
+    let state = &stream.cached_info().state;
+    if state.messages == 0 {
+        return Ok(None);
     }
+    let last = state.last_sequence;
+    stream
+        .get_raw_message(last)
+        .await
+        .map(Some)
+        .map_err(|e| engine(partition, e))
 }
 
 /// Every commit in the partition's log after sequence `after`, oldest
