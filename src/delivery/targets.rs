@@ -77,8 +77,4 @@ impl Targets {
         };
         Ok(Self { mqtt, webhook })
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.mqtt.is_none() && self.webhook.is_none()
-    }
 }
