@@ -199,6 +199,7 @@ pub async fn run(
             fences: initial_fences,
             shards: config.pipeline.shard_count(),
             per_fence_labels: config.metrics.per_fence_labels,
+            fence_properties: config.events.fence_properties(),
             drain: drain.clone(),
         },
     )

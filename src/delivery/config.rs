@@ -1,6 +1,7 @@
 //! `[events]`: where transitions go, and how far an output after the
 //! events file may fall behind.
 
+use super::outbox::FenceProperties;
 use super::output_queue::OutputLimits;
 use crate::problems::Problems;
 use serde::{Deserialize, Serialize};
@@ -31,6 +32,10 @@ pub struct EventsConfig {
     pub rotate_bytes: Option<u64>,
     pub rotate_interval_s: Option<f64>,
     pub rotate_keep: usize,
+    /// Which of a fence's GeoJSON properties each enter and exit carries:
+    /// the keys listed, or `["*"]` for all of them (capped at
+    /// `delivery::outbox::PROPERTIES_MAX_BYTES`).
+    pub fence_properties: Vec<String>,
 }
 
 /// When the events file is rotated, and how many rotated files are kept.
@@ -142,11 +147,17 @@ impl Default for EventsConfig {
             rotate_bytes: None,
             rotate_interval_s: None,
             rotate_keep: 10,
+            fence_properties: Vec::new(),
         }
     }
 }
 
 impl EventsConfig {
+    /// What the events carry of their fences' properties.
+    pub fn fence_properties(&self) -> FenceProperties {
+        FenceProperties::new(self.fence_properties.clone())
+    }
+
     pub fn check(&self, problems: &mut Problems) {
         if self.max_pending == 0 {
             problems.add("events.max_pending", "must be ≥ 1 (transitions)");

@@ -40,7 +40,7 @@
 //! State is bounded: at most `max_memberships` fences per vehicle
 //! (overflow counted).
 
-use super::fences::Fence;
+use super::fences::{Fence, FenceSource};
 use super::index::{Coverings, FenceIdx, FenceIndex};
 use super::prefetch::prefetch;
 use super::vehicle_slots::{SlotRef, VehicleSlots};
@@ -81,6 +81,11 @@ impl TransitionKind {
 pub enum Cause {
     /// The vehicle was not heard from for the idle expiry.
     Expired,
+    /// The fence was deleted while the vehicle was in it.
+    FenceDeleted,
+    /// The fence's geometry changed so that the vehicle's last position
+    /// no longer holds it (by the hysteresis rule).
+    FenceChanged,
 }
 
 /// One enter or exit, as written to NDJSON and MQTT.
@@ -95,10 +100,40 @@ pub struct Transition {
     /// Set for a transition no fix caused.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cause: Option<Cause>,
+    /// The fence set version that put the fence (for an exit caused by a
+    /// change: the change's).
+    pub fence_version: u64,
     /// Receive-clock time (unix ms) of the message that caused it, for the
     /// transition latency; not part of the event.
     #[serde(skip)]
     pub received_ms: i64,
+    /// The fence's GeoJSON, whose properties the event line may carry
+    /// (`delivery::outbox`); not part of the event as such.
+    #[serde(skip)]
+    pub source: Option<Arc<FenceSource>>,
+}
+
+impl Transition {
+    /// A transition of `fence`, caused by a fix at `ts` received at
+    /// `received_ms`.
+    pub fn of(
+        vehicle: &VehicleId,
+        fence: &Fence,
+        event: TransitionKind,
+        ts: i64,
+        received_ms: i64,
+    ) -> Self {
+        Self {
+            vehicle: vehicle.clone(),
+            fence: fence.id.clone(),
+            event,
+            ts,
+            cause: None,
+            fence_version: fence.version,
+            received_ms,
+            source: Some(fence.source.clone()),
+        }
+    }
 }
 
 /// What one fix did to its vehicle's state on arrival.
@@ -183,6 +218,10 @@ pub struct EvaluatorStats {
     pub membership_overflow: u64,
     pub enters: u64,
     pub exits: u64,
+    /// Dwells in progress dropped because their fence was deleted.
+    pub dwells_dropped: u64,
+    /// Exits a fence's deletion or change caused.
+    pub change_exits: u64,
 }
 
 /// A fix waiting in its vehicle's reorder window.
@@ -240,8 +279,56 @@ struct VehicleState {
     /// The reorder window, in fix-time order (arrival order among equals).
     /// A deque: fixes leave from the front and mostly arrive at the back.
     window: VecDeque<HeldFix>,
+    /// The last applied fix's position (lat, lon); NaN before any.
+    last_lat: f64,
+    last_lon: f64,
+    /// Memberships a fence change has put in question, answered once the
+    /// vehicle's input has caught up with the change ([`Evaluator::reconcile`]).
+    stale: Vec<Stale>,
     /// Listed in `changed` since the last [`Evaluator::take_changed`].
     changed: bool,
+}
+
+impl VehicleState {
+    fn new(last_heard_ms: i64) -> Self {
+        Self {
+            last_fix_ms: i64::MIN,
+            last_heard_ms,
+            last_lat: f64::NAN,
+            last_lon: f64::NAN,
+            ..Self::default()
+        }
+    }
+
+    fn position(&self) -> Option<Coord<f64>> {
+        (!self.last_lat.is_nan()).then_some(Coord {
+            x: self.last_lon,
+            y: self.last_lat,
+        })
+    }
+
+    /// The fence set version this vehicle's memberships are settled
+    /// against, given the set's: a record says so, so that a restart asks
+    /// again every question still open.
+    fn settled_version(&self, set_version: u64) -> u64 {
+        self.stale
+            .iter()
+            .map(|s| s.version.saturating_sub(1))
+            .fold(set_version, u64::min)
+    }
+}
+
+/// A membership a fence change put in question.
+#[derive(Debug, Clone)]
+struct Stale {
+    fence: FenceId,
+    /// The GeoJSON the exit names: the deleted fence's, or the changed
+    /// one's new definition.
+    source: Arc<FenceSource>,
+    cause: Cause,
+    /// The change's version and time.
+    version: u64,
+    at_ms: i64,
 }
 
 /// One fix to evaluate.
@@ -296,6 +383,11 @@ pub struct VehicleSnapshot {
     pub pending: Vec<(FenceId, i64)>,
     /// The reorder window's fixes, in fix-time order.
     pub window: Vec<HeldFix>,
+    /// The last applied fix's (lat, lon).
+    pub position: Option<(f64, f64)>,
+    /// The fence set version the memberships are settled against: a fence
+    /// changed or deleted after it is asked about again at restore.
+    pub fences_version: u64,
 }
 
 pub struct Evaluator {
@@ -336,6 +428,9 @@ pub struct Evaluator {
     held_log: Vec<HeldChange>,
     /// The key the next held fix gets in the log.
     next_held_key: u64,
+    /// Vehicles with memberships a fence change put in question, in id
+    /// order ([`Self::reconcile`]).
+    reconciling: Vec<VehicleId>,
 }
 
 impl Evaluator {
@@ -357,6 +452,7 @@ impl Evaluator {
             track_changes: false,
             held_log: Vec::new(),
             next_held_key: 1,
+            reconciling: Vec::new(),
         }
     }
 
@@ -487,11 +583,7 @@ impl Evaluator {
     ) -> FixOutcome {
         let (slot, state) = self
             .vehicles
-            .get_or_insert_with(fix.vehicle, || VehicleState {
-                last_fix_ms: i64::MIN,
-                last_heard_ms: fix.received_ms,
-                ..VehicleState::default()
-            });
+            .get_or_insert_with(fix.vehicle, || VehicleState::new(fix.received_ms));
         state.last_heard_ms = state.last_heard_ms.max(fix.received_ms);
         // Every outcome but a hold changes the record (a held fix is
         // logged instead; the store takes its receive time from the log).
@@ -720,12 +812,14 @@ impl Evaluator {
         for (vehicle, idle_at, members) in &expired {
             for &m in members {
                 out.push(Transition {
-                    vehicle: vehicle.clone(),
-                    fence: index.fence(m).id.clone(),
-                    event: TransitionKind::Exit,
-                    ts: *idle_at,
                     cause: Some(Cause::Expired),
-                    received_ms: *idle_at,
+                    ..Transition::of(
+                        vehicle,
+                        index.fence(m),
+                        TransitionKind::Exit,
+                        *idle_at,
+                        *idle_at,
+                    )
                 });
             }
         }
@@ -741,8 +835,16 @@ impl Evaluator {
     /// ([`Self::take_held`]).
     pub fn take_changed(&mut self, out: &mut Vec<(VehicleId, Option<VehicleSnapshot>)>) {
         for id in self.changed.drain(..) {
+            let index = &self.index;
             let snapshot = self.vehicles.get_mut(&id).map(|s| {
                 s.changed = false;
+                // A deletion's exit still to come keeps its fence among the
+                // members, so that a restart asks about it again.
+                let doomed = s
+                    .stale
+                    .iter()
+                    .filter(|st| st.cause == Cause::FenceDeleted)
+                    .map(|st| st.fence.clone());
                 VehicleSnapshot {
                     last_fix_ms: s.last_fix_ms,
                     last_digests: s.last_digests.clone(),
@@ -750,14 +852,17 @@ impl Evaluator {
                     members: s
                         .members
                         .iter()
-                        .map(|&f| self.index.fence(f).id.clone())
+                        .map(|&f| index.fence(f).id.clone())
+                        .chain(doomed)
                         .collect(),
                     pending: s
                         .pending
                         .iter()
-                        .map(|&(f, since)| (self.index.fence(f).id.clone(), since))
+                        .map(|&(f, since)| (index.fence(f).id.clone(), since))
                         .collect(),
                     window: Vec::new(),
+                    position: s.position().map(|p| (p.y, p.x)),
+                    fences_version: s.settled_version(index.version()),
                 }
             });
             out.push((id, snapshot));
@@ -776,30 +881,55 @@ impl Evaluator {
     /// store must hold what this process holds, or a later reload that
     /// brings the fence back and a crash would bring the membership back
     /// too.
+    ///
+    /// A membership of a fence deleted or changed after the record's
+    /// `fences_version` is put in question as a running evaluator would
+    /// have ([`Self::swap_index`]): its exit comes from
+    /// [`Self::reconcile`], so a crash between a fence change and its
+    /// exits' commit loses none of them.
     pub fn restore(&mut self, vehicle: VehicleId, snapshot: &VehicleSnapshot) {
         let index = &self.index;
-        let mut members: Vec<FenceIdx> = snapshot
-            .members
-            .iter()
-            .filter_map(|id| index.find(id))
-            .collect();
+        let settled = snapshot.fences_version;
+        let mut members = Vec::with_capacity(snapshot.members.len());
+        let mut stale = Vec::new();
+        for id in &snapshot.members {
+            match Standing::of_id(index, id, settled) {
+                Standing::Same(f) => members.push(f),
+                Standing::Changed(f) => {
+                    members.push(f);
+                    stale.push(Stale::changed(index.fence(f)));
+                }
+                Standing::Deleted(stale_one) => stale.push(stale_one),
+                Standing::Gone => {}
+            }
+        }
         members.sort_unstable();
         members.dedup();
         members.truncate(self.settings.max_memberships);
+        let mut dropped = 0;
         let pending: Vec<(FenceIdx, i64)> = snapshot
             .pending
             .iter()
-            .filter_map(|(id, since)| index.find(id).map(|f| (f, *since)))
+            .filter_map(|(id, since)| match Standing::of_id(index, id, settled) {
+                Standing::Same(f) | Standing::Changed(f) => Some((f, *since)),
+                Standing::Deleted(_) | Standing::Gone => {
+                    dropped += 1;
+                    None
+                }
+            })
             .take(self.settings.max_memberships)
             .collect();
-        let shrank =
-            members.len() < snapshot.members.len() || pending.len() < snapshot.pending.len();
-        let changed = self.track_changes && shrank;
+        self.stats.dwells_dropped += dropped;
+        let shrank = members.len() + stale.len() < snapshot.members.len()
+            || pending.len() < snapshot.pending.len();
+        let changed = self.track_changes && (shrank || !stale.is_empty());
         if changed {
             self.changed.push(vehicle.clone());
         }
+        let (last_lat, last_lon) = snapshot.position.unwrap_or((f64::NAN, f64::NAN));
+        let questioned = !stale.is_empty();
         let slot = self.vehicles.insert(
-            vehicle,
+            vehicle.clone(),
             VehicleState {
                 last_fix_ms: snapshot.last_fix_ms,
                 last_digests: snapshot.last_digests.clone(),
@@ -807,9 +937,15 @@ impl Evaluator {
                 members,
                 pending,
                 window: snapshot.window.iter().copied().collect(),
+                last_lat,
+                last_lon,
+                stale,
                 changed,
             },
         );
+        if questioned {
+            self.reconciling.push(vehicle);
+        }
         let window_ms = self.settings.reorder_window_ms.max(0);
         self.due.extend(snapshot.window.iter().map(|h| Due {
             at_ms: h.received_ms.saturating_add(window_ms),
@@ -828,30 +964,197 @@ impl Evaluator {
         !self.changed.is_empty() || !self.held_log.is_empty()
     }
 
-    /// Swaps in a reloaded fence set. Memberships and pending dwells survive
-    /// for fence ids present in both; the rest are dropped without events.
+    /// Swaps in a changed fence set; a fix evaluated from now on uses it.
+    ///
+    /// Memberships and dwells of unchanged fences carry over. A membership
+    /// of a fence since deleted, or changed (its geometry may no longer
+    /// hold the vehicle), is put in question: [`Self::reconcile`] answers
+    /// it with an exit dated at the change, once the vehicle's input has
+    /// caught up with it. A dwell in progress on a deleted fence is dropped
+    /// (counted); one on a changed fence goes on. Nothing is entered: a
+    /// fence created or widened under a vehicle is entered at its next fix.
     pub fn swap_index(&mut self, new: Arc<FenceIndex>) {
         let old = std::mem::replace(&mut self.index, new);
         // The batch's coverings name the old index's fences.
         self.batch_points.clear();
-        let remap = |f: FenceIdx| self.index.find(&old.fence(f).id);
+        let index = &self.index;
+        let same_numbering = old.numbering() == index.numbering();
+        let standing = |f: FenceIdx| {
+            if same_numbering && index.is_live(f) {
+                Standing::Same(f)
+            } else {
+                Standing::of_fence(index, old.fence(f))
+            }
+        };
+        let mut dropped = 0;
         for (id, state) in self.vehicles.iter_mut() {
-            let (members, pending) = (state.members.len(), state.pending.len());
-            state.members = state.members.iter().filter_map(|&f| remap(f)).collect();
-            state.members.sort_unstable();
-            state.pending = state
-                .pending
-                .iter()
-                .filter_map(|&(f, s)| remap(f).map(|n| (n, s)))
-                .collect();
-            // A membership the reload dropped must leave the store too, or
-            // the fence's return (a second reload, a restart with the old
-            // file) would bring it back where a running geogate would not.
-            let shrank = state.members.len() < members || state.pending.len() < pending;
-            if self.track_changes && shrank && !state.changed {
+            let questioned = state.stale.len();
+            let mut members = Vec::with_capacity(state.members.len());
+            for &m in &state.members {
+                match standing(m) {
+                    Standing::Same(f) => members.push(f),
+                    Standing::Changed(f) => {
+                        members.push(f);
+                        state.stale.push(Stale::changed(index.fence(f)));
+                    }
+                    Standing::Deleted(stale) => state.stale.push(stale),
+                    Standing::Gone => {}
+                }
+            }
+            members.sort_unstable();
+            let gone = members.len() + state.stale.len() - questioned < state.members.len();
+            state.members = members;
+            let pending = state.pending.len();
+            state.pending.retain_mut(|(f, _)| match standing(*f) {
+                Standing::Same(n) | Standing::Changed(n) => {
+                    *f = n;
+                    true
+                }
+                Standing::Deleted(_) | Standing::Gone => false,
+            });
+            dropped += (pending - state.pending.len()) as u64;
+            // The store must hear of every membership dropped or put in
+            // question, or a restart would bring it back unasked.
+            let shrank = gone || state.pending.len() < pending;
+            if state.stale.len() > questioned {
+                self.reconciling.push(id.clone());
+            }
+            if self.track_changes && (shrank || state.stale.len() > questioned) && !state.changed {
                 state.changed = true;
                 self.changed.push(id.clone());
             }
+        }
+        self.reconciling.sort_unstable();
+        self.reconciling.dedup();
+        self.stats.dwells_dropped += dropped;
+    }
+
+    /// Answers the memberships fence changes put in question, for each
+    /// vehicle whose input has caught up with its change: `watermark_ms`
+    /// has passed the change's time and no fix received before it still
+    /// waits in the vehicle's window (DESIGN.md's timer rule: such an exit
+    /// never overtakes the vehicle's own fixes). A deleted fence's
+    /// membership ends with an exit, cause `fence_deleted`; a changed
+    /// fence's ends, cause `fence_changed`, if the vehicle's last position
+    /// is clear outside the new geometry (the hysteresis rule's exit).
+    /// Each exit is dated at its change and carries its version; a
+    /// vehicle's exits come in (time, fence id) order, vehicles in id
+    /// order. Returns how many exits it made.
+    pub fn reconcile(&mut self, watermark_ms: i64, out: &mut Vec<Transition>) -> usize {
+        if self.reconciling.is_empty() {
+            return 0;
+        }
+        let mut made = 0;
+        let (index, settings) = (&self.index, &self.settings);
+        let mut waiting = Vec::new();
+        for vehicle in std::mem::take(&mut self.reconciling) {
+            let Some(state) = self.vehicles.get_mut(&vehicle) else {
+                continue;
+            };
+            let first_arrival = state.window.iter().map(|h| h.received_ms).min();
+            let ready = |st: &Stale| {
+                st.at_ms <= watermark_ms && first_arrival.is_none_or(|r| r >= st.at_ms)
+            };
+            let (mut due, rest): (Vec<Stale>, Vec<Stale>) =
+                std::mem::take(&mut state.stale).into_iter().partition(ready);
+            state.stale = rest;
+            if !state.stale.is_empty() {
+                waiting.push(vehicle.clone());
+            }
+            if due.is_empty() {
+                continue;
+            }
+            due.sort_by(|a, b| (a.at_ms, &a.fence).cmp(&(b.at_ms, &b.fence)));
+            let position = state.position();
+            for st in due {
+                if st.cause == Cause::FenceChanged {
+                    let Some(f) = index.find(&st.fence) else {
+                        continue;
+                    };
+                    let fence = index.fence(f);
+                    let stays = position
+                        .is_none_or(|p| fence.covers(p) || !settings.clear_of_boundary(fence, p));
+                    let Ok(at) = state.members.binary_search(&f) else {
+                        continue;
+                    };
+                    if stays {
+                        continue;
+                    }
+                    state.members.remove(at);
+                }
+                out.push(Transition {
+                    vehicle: vehicle.clone(),
+                    fence: st.fence,
+                    event: TransitionKind::Exit,
+                    ts: st.at_ms,
+                    cause: Some(st.cause),
+                    fence_version: st.version,
+                    received_ms: st.at_ms,
+                    source: Some(st.source),
+                });
+                made += 1;
+            }
+            if self.track_changes && !state.changed {
+                state.changed = true;
+                self.changed.push(vehicle);
+            } else if !self.track_changes {
+                state.changed = false;
+            }
+        }
+        self.reconciling = waiting;
+        self.stats.exits += made as u64;
+        self.stats.change_exits += made as u64;
+        made
+    }
+}
+
+/// Where a membership stands in a new fence set.
+enum Standing {
+    /// The same fence, at this position.
+    Same(FenceIdx),
+    /// Its fence changed since, now at this position.
+    Changed(FenceIdx),
+    /// Its fence was deleted since.
+    Deleted(Stale),
+    /// Its fence is gone with no deletion on record (a fence file edited
+    /// while geogate was down): dropped without an event.
+    Gone,
+}
+
+impl Standing {
+    /// Where a membership of `old` stands in `index`.
+    fn of_fence(index: &FenceIndex, old: &Fence) -> Self {
+        Self::of_id(index, &old.id, old.version)
+    }
+
+    /// Where a membership of fence `id`, settled as of `version`, stands
+    /// in `index`.
+    fn of_id(index: &FenceIndex, id: &str, version: u64) -> Self {
+        if let Some(t) = index.tombstone(id).filter(|t| t.version > version) {
+            return Self::Deleted(Stale {
+                fence: id.into(),
+                source: t.source.clone(),
+                cause: Cause::FenceDeleted,
+                version: t.version,
+                at_ms: t.at_ms,
+            });
+        }
+        match index.find(id) {
+            Some(f) if index.fence(f).version > version => Self::Changed(f),
+            Some(f) => Self::Same(f),
+            None => Self::Gone,
+        }
+    }
+}
+
+impl Stale {
+    fn changed(fence: &Fence) -> Self {
+        Self {
+            fence: fence.id.clone(),
+            source: fence.source.clone(),
+            cause: Cause::FenceChanged,
+            version: fence.version,
+            at_ms: fence.changed_ms,
         }
     }
 }
@@ -906,6 +1209,12 @@ fn apply(
     };
     let fix_ms = fix.fix_ms;
     stats.evaluated += 1;
+    state.last_lat = fix.lat;
+    state.last_lon = fix.lon;
+    // The fix answers for a changed fence's geometry itself.
+    if !state.stale.is_empty() {
+        state.stale.retain(|st| st.cause != Cause::FenceChanged);
+    }
     if fix_ms != state.last_fix_ms {
         state.last_digests.clear();
     }
@@ -921,16 +1230,11 @@ fn apply(
         }
     };
     let clear_of_boundary = |f: FenceIdx| settings.clear_of_boundary(index.fence(f), p);
-    let transition = |f: FenceIdx, event| Transition {
-        vehicle: vehicle.clone(),
-        fence: index.fence(f).id.clone(),
-        event,
-        ts: fix_ms,
-        cause: None,
-        received_ms: fix.received_ms,
-    };
+    let transition =
+        |f: FenceIdx, event| Transition::of(vehicle, index.fence(f), event, fix_ms, fix.received_ms);
 
     // Exits first.
+    let exits_from = out.len();
     state.members.retain(|&m| {
         let stays = covering.binary_search(&m).is_ok() || !clear_of_boundary(m);
         if !stays {
@@ -940,7 +1244,10 @@ fn apply(
         stays
     });
 
+    by_fence_id(&mut out[exits_from..]);
+
     // Then enters, with dwell bookkeeping.
+    let enters_from = out.len();
     let mut pending = Vec::new();
     for &f in covering.iter() {
         if state.members.binary_search(&f).is_ok() || !clear_of_boundary(f) {
@@ -966,6 +1273,16 @@ fn apply(
         out.push(transition(f, TransitionKind::Enter));
         stats.enters += 1;
     }
+    by_fence_id(&mut out[enters_from..]);
     pending.truncate(settings.max_memberships);
     state.pending = pending;
+}
+
+/// Puts one group of a fix's transitions in fence id order. Positions
+/// follow ids in a set as built; fences changed since sit after them, so
+/// a group naming one of those is sorted here.
+fn by_fence_id(group: &mut [Transition]) {
+    if group.len() > 1 && !group.is_sorted_by(|a, b| a.fence <= b.fence) {
+        group.sort_by(|a, b| a.fence.cmp(&b.fence));
+    }
 }

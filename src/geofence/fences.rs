@@ -19,9 +19,10 @@ use serde::Serialize;
 use serde_json::Value;
 use std::collections::HashSet;
 use std::fmt;
+use std::sync::Arc;
 
 /// One geofence, ready to query.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Fence {
     pub id: FenceId,
     pub name: Option<String>,
@@ -30,9 +31,43 @@ pub struct Fence {
     pub hysteresis_m: Option<f64>,
     /// Per-fence override of the global dwell, seconds.
     pub dwell_s: Option<f64>,
+    /// The GeoJSON it was read from: what the API serves back and the
+    /// store keeps, and whose properties events carry.
+    pub source: Arc<FenceSource>,
+    /// The fence set version that put it (0 until a set numbers it).
+    pub version: u64,
+    /// When that version was made (receive clock, unix ms).
+    pub changed_ms: i64,
+}
+
+/// A fence's GeoJSON Feature, as given.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct FenceSource {
+    /// The Feature as compact JSON.
+    pub feature: String,
+    pub properties: serde_json::Map<String, Value>,
+}
+
+impl FenceSource {
+    fn of(raw: &Value) -> Self {
+        Self {
+            feature: raw.to_string(),
+            properties: raw
+                .get("properties")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default(),
+        }
+    }
 }
 
 impl Fence {
+    /// Whether `other` was read from the same GeoJSON: a reload keeps a
+    /// fence whose definition did not change at its version.
+    pub fn same_definition(&self, other: &Fence) -> bool {
+        self.id == other.id && self.source.feature == other.source.feature
+    }
+
     pub fn covers(&self, p: Coord<f64>) -> bool {
         self.parts.iter().any(|part| part.covers(p))
     }
@@ -213,6 +248,7 @@ pub fn parse_fences_with_warnings(text: &str) -> Result<LoadedFences, FenceError
         if let (Some(fence), Some(id)) = (fence, &id) {
             fences.push(Fence {
                 id: id.as_str().into(),
+                source: Arc::new(FenceSource::of(raw)),
                 ..fence
             });
         }
@@ -293,11 +329,11 @@ fn build_fence(feature: &Feature, problems: &mut Findings) -> Option<Fence> {
         return None;
     }
     Some(Fence {
-        id: "".into(),
         name,
         parts,
         hysteresis_m,
         dwell_s,
+        ..Fence::default()
     })
 }
 

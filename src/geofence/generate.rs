@@ -160,6 +160,7 @@ pub fn random_fences(seed: u64, n: usize, big: usize, big_vertices: usize) -> (V
             parts,
             hysteresis_m: None,
             dwell_s: None,
+            ..Fence::default()
         });
     }
     for j in 0..big {
@@ -173,6 +174,7 @@ pub fn random_fences(seed: u64, n: usize, big: usize, big_vertices: usize) -> (V
             parts: vec![polygon(exterior, vec![hole])],
             hysteresis_m: None,
             dwell_s: None,
+            ..Fence::default()
         });
     }
     (fences, area)

@@ -39,11 +39,14 @@ use rstar::primitives::{GeomWithData, Rectangle};
 use rstar::{AABB, RTree, RTreeObject};
 use std::collections::HashMap;
 use std::ops::ControlFlow;
+use std::sync::Arc;
 
 mod batch;
+mod overlay;
 
 pub use batch::Coverings;
 use batch::sort_dedup_from;
+pub use overlay::{FenceChange, FenceIndex, Tombstone};
 
 /// Index of a fence in [`FenceIndex::fences`].
 pub type FenceIdx = u32;
@@ -109,11 +112,11 @@ const LARGE_FACTOR: f64 = 64.0;
 /// was not measured; 1 MiB is twice this machine's L2 per core.
 const BATCH_MIN_BYTES: usize = 1 << 20;
 
-/// An immutable, shareable set of fences; a reload builds a new one and
-/// swaps it in.
+/// One immutable spatial index over a list of fences: a fence set's base,
+/// or the few fences changed since ([`FenceIndex`] layers them).
 #[derive(Debug)]
-pub struct FenceIndex {
-    fences: Vec<Fence>,
+pub(crate) struct Spatial {
+    fences: Vec<Arc<Fence>>,
     /// Parts of typical size.
     small: Layer,
     /// Parts with an envelope over [`LARGE_FACTOR`] × the median area.
@@ -130,8 +133,8 @@ pub struct FenceIndex {
     prefers_batches: bool,
 }
 
-impl FenceIndex {
-    pub fn new(fences: Vec<Fence>) -> Self {
+impl Spatial {
+    pub(crate) fn new(fences: Vec<Arc<Fence>>) -> Self {
         let mut entries = Vec::new();
         let mut cells = PackedCells::default();
         let mut arenas = ExactArenas::default();
@@ -182,36 +185,33 @@ impl FenceIndex {
         }
     }
 
-    pub fn fences(&self) -> &[Fence] {
+    pub(crate) fn fences(&self) -> &[Arc<Fence>] {
         &self.fences
     }
 
-    pub fn fence(&self, idx: FenceIdx) -> &Fence {
+    pub(crate) fn fence(&self, idx: FenceIdx) -> &Arc<Fence> {
         &self.fences[idx as usize]
     }
 
-    pub fn find(&self, id: &str) -> Option<FenceIdx> {
+    /// The last fence listed with this id.
+    pub(crate) fn find(&self, id: &str) -> Option<FenceIdx> {
         self.by_id.get(id).copied()
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.fences.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.fences.is_empty()
     }
 
     /// Whether [`Self::containing_batch`] should answer for many points at
     /// once, rather than [`Self::containing`] one by one: true once the
     /// index is too large to stay in cache (see [`BATCH_MIN_BYTES`]).
-    pub fn prefers_batches(&self) -> bool {
+    pub(crate) fn prefers_batches(&self) -> bool {
         self.prefers_batches
     }
 
     /// Replaces `out` with the fences covering `p` (lon, lat), ascending and
     /// without duplicates. Reusing `out` keeps the hot path allocation-free.
-    pub fn containing(&self, p: Coord<f64>, out: &mut Vec<FenceIdx>) {
+    pub(crate) fn containing(&self, p: Coord<f64>, out: &mut Vec<FenceIdx>) {
         out.clear();
         let point = PointBox::new(p.x, p.y);
         for layer in self.layers() {
@@ -222,17 +222,6 @@ impl FenceIndex {
             });
         }
         sort_dedup_from(out, 0);
-    }
-
-    /// The same answer as [`Self::containing`] by testing every fence: the
-    /// reference the R-tree path is checked and benchmarked against.
-    pub fn containing_linear(&self, p: Coord<f64>, out: &mut Vec<FenceIdx>) {
-        out.clear();
-        for (f, fence) in self.fences.iter().enumerate() {
-            if fence.covers(p) {
-                out.push(f as FenceIdx);
-            }
-        }
     }
 
     /// The small parts' layer, then the large parts'.
@@ -429,7 +418,7 @@ mod tests {
     #[test]
     fn each_part_gets_the_exact_test_its_size_calls_for() {
         let (fences, _) = random_fences(1, 60, 2, 500);
-        let index = FenceIndex::new(fences);
+        let index = Spatial::new(fences.into_iter().map(Arc::new).collect());
         let mut seen = [0; 3];
         for layer in index.layers() {
             for entry in layer.tree.iter() {

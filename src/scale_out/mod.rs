@@ -111,6 +111,7 @@ pub async fn run(
         settings,
         fences: index,
         snapshot_every: pc.snapshot_every,
+        fence_properties: config.events.fence_properties(),
         keep_input: pc.keep_input,
         events_max_age: Duration::from_secs(pc.events_max_age_s),
         per_fence_labels: config.metrics.per_fence_labels,

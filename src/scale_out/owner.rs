@@ -13,6 +13,7 @@ use super::dead_letters::{DeadLetters, Record};
 use super::output_cursor::Cursor;
 use super::outputs::{OutputsContext, PartitionOutputs, TakeoverPoint};
 use crate::codec::{self, CodecSettings};
+use crate::delivery::outbox::FenceProperties;
 use crate::geofence::{Evaluator, EvaluatorSettings, FenceIndex, Fix};
 use crate::model::{Telemetry, VehicleId};
 use crate::pipeline::metrics::{
@@ -58,6 +59,8 @@ pub struct OwnerContext {
     pub settings: EvaluatorSettings,
     pub fences: watch::Receiver<Arc<FenceIndex>>,
     pub snapshot_every: u64,
+    /// Which fence properties event lines carry.
+    pub fence_properties: FenceProperties,
     /// `[state] keep_input`.
     pub keep_input: bool,
     /// `[state] events_max_age_s`.
@@ -168,6 +171,7 @@ pub async fn own(
             mirror,
             owner: ctx.instance.clone(),
             snapshot_every: ctx.snapshot_every,
+            properties: ctx.fence_properties.clone(),
             stop: stop.clone(),
             input_stream: (!ctx.keep_input)
                 .then(|| crate::source::jetstream::stream_name(partition)),

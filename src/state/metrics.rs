@@ -15,6 +15,7 @@ pub const MEMBERSHIP_OVERFLOW_TOTAL: &str = "geogate_membership_overflow_total";
 pub const TRANSITION_LATENCY_SECONDS: &str = "geogate_transition_latency_seconds";
 pub const REORDER_WINDOW_FIXES: &str = "geogate_reorder_window_fixes";
 pub const VEHICLES_EXPIRED_TOTAL: &str = "geogate_vehicles_expired_total";
+pub const DWELLS_DROPPED_TOTAL: &str = "geogate_dwells_dropped_total";
 
 /// Describes them to the exporter.
 pub fn describe() {
@@ -32,6 +33,11 @@ pub fn describe() {
         VEHICLES_EXPIRED_TOTAL,
         Unit::Count,
         "Vehicles forgotten after fences.idle_expiry_s without a message (receive clock), each with an exit (cause expired) for every fence it was in."
+    );
+    describe_counter!(
+        DWELLS_DROPPED_TOTAL,
+        Unit::Count,
+        "Dwells in progress dropped because their fence was deleted before they were confirmed."
     );
     describe_histogram!(
         EVALUATION_DURATION_SECONDS,

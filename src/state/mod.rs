@@ -39,6 +39,7 @@ pub use config::{EmbeddedConfig, StateBackend, StateConfig};
 pub use error::StateError;
 
 use crate::delivery::Outputs;
+use crate::delivery::outbox::FenceProperties;
 use crate::geofence::{EvaluatorSettings, FenceIndex, Fix, VehicleSnapshot};
 use crate::model::VehicleId;
 use crate::shutdown::Drain;
@@ -181,5 +182,7 @@ pub struct OpenContext {
     pub shards: usize,
     /// Label transition counts by fence (opt-in).
     pub per_fence_labels: bool,
+    /// Which fence properties event lines carry.
+    pub fence_properties: FenceProperties,
     pub drain: Drain,
 }

@@ -1,7 +1,7 @@
 //! Many points at once: [`FenceIndex::containing_batch`] and what it
 //! fills, [`Coverings`].
 
-use super::{Candidate, FenceIdx, FenceIndex, LAYERS, Layer};
+use super::{Candidate, FenceIdx, LAYERS, Layer, Spatial};
 use crate::geofence::cell_grid::Cell;
 use crate::geofence::grid::PointBox;
 use geo::Coord;
@@ -13,7 +13,7 @@ use geo::Coord;
 /// 0.99× [0.73–1.11], docs/decisions/0010-batched-containment-lookups.md).
 const BATCH_WINDOW: usize = 16;
 
-impl FenceIndex {
+impl Spatial {
     /// Every point's covering fences, the same as [`Self::containing`]
     /// gives, into `into` (point `i`'s at [`Coverings::of`]`(i)`).
     ///
@@ -24,7 +24,7 @@ impl FenceIndex {
     /// batch walks a window of points through the chain a stage at a time,
     /// prefetching every point's next line before it reads any, so the
     /// misses of a window overlap instead of queueing.
-    pub fn containing_batch(&self, points: &[Coord<f64>], into: &mut Coverings) {
+    pub(crate) fn containing_batch(&self, points: &[Coord<f64>], into: &mut Coverings) {
         into.fences.clear();
         into.ends.clear();
         let mut windows = points.chunks(BATCH_WINDOW).peekable();
@@ -118,6 +118,25 @@ impl Coverings {
 
     pub fn is_empty(&self) -> bool {
         self.ends.is_empty()
+    }
+
+    /// Replaces each point's fences with what `f` makes of them (given the
+    /// point's number and its fences, to edit in place); they must stay
+    /// ascending and without duplicates.
+    pub(super) fn rewrite(&mut self, mut f: impl FnMut(usize, &mut Vec<FenceIdx>)) {
+        let mut fences = Vec::with_capacity(self.fences.len());
+        let mut one = Vec::new();
+        let mut start = 0;
+        for i in 0..self.ends.len() {
+            let end = self.ends[i];
+            one.clear();
+            one.extend_from_slice(&self.fences[start..end]);
+            start = end;
+            f(i, &mut one);
+            fences.extend_from_slice(&one);
+            self.ends[i] = fences.len();
+        }
+        self.fences = fences;
     }
 
     /// The fences covering point `i` of the last batch, ascending and

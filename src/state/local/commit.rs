@@ -13,7 +13,7 @@ use super::store::{CommitBatch, Store, VehicleChange};
 use crate::clock::receive_now_ms;
 use crate::crash_point;
 use crate::delivery::Cursors;
-use crate::delivery::outbox::OutboxEntry;
+use crate::delivery::outbox::{FenceProperties, OutboxEntry};
 use crate::delivery::relay::Committed;
 use crate::geofence::Transition;
 use crate::model::VehicleId;
@@ -138,6 +138,8 @@ pub struct Committer {
     /// Told when the relay has stopped, for the last prune.
     pub relay_done: std::sync::mpsc::Receiver<()>,
     pub drain: Drain,
+    /// Which fence properties event lines carry.
+    pub properties: FenceProperties,
 }
 
 impl Committer {
@@ -215,7 +217,7 @@ impl Committer {
                 for t in &request.transitions {
                     batch
                         .outbox
-                        .push(OutboxEntry::new(self.next_seq, t).committed_at(committed_ms));
+                        .push(OutboxEntry::new(self.next_seq, t, &self.properties).committed_at(committed_ms));
                     self.next_seq += 1;
                     received.push(t.received_ms);
                 }
@@ -270,6 +272,7 @@ impl Committer {
             relay,
             relay_done,
             drain,
+            properties: _,
         } = self;
         drop(relay);
         // The relay and publisher stop by the drain deadline; a little

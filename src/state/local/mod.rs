@@ -217,6 +217,7 @@ impl LocalBackend {
             relay: committed_tx,
             relay_done: done_rx,
             drain: ctx.drain,
+            properties: ctx.fence_properties,
         };
         let committer = tokio::task::spawn_blocking(move || committer.run(commits_rx));
         Ok(Self {

@@ -9,6 +9,10 @@
 //! each member as varint length + UTF-8 id, varint pending count, each
 //! pending dwell as varint length + UTF-8 id + first fix time (i64 LE),
 //! varint window count, each held fix as [`encode_held`] writes it.
+//! Version 3 adds, after the window, the fence set version the memberships
+//! are settled against (varint), then `1` with the last applied fix's lat
+//! and lon (f64 LE each), or `0` before any fix: what the state query
+//! answers, and what a changed fence's geometry is checked against.
 //!
 //! The window is written empty: a durable store keeps held fixes in a log
 //! of their own ([`crate::geofence::HeldChange`], [`super::held_batch`]), so
@@ -16,6 +20,8 @@
 //! record written before that keeps its window; the backend moves it to
 //! the log at start.
 //!
+//! Versions 1 and 2 are still read (no position, settled as of version
+//! 0, so a restart asks about every fence changed or deleted since).
 //! Version 1 (no receive time, digests or window) is still read: its
 //! vehicle was last heard from when the store was last written, which
 //! [`decode`] marks as [`HEARD_UNKNOWN`] for the backend to fill in.
@@ -23,14 +29,14 @@
 use crate::geofence::{HeldFix, VehicleSnapshot};
 use crate::model::FenceId;
 
-const VERSION: u8 = 2;
+const VERSION: u8 = 3;
 
 /// `last_heard_ms` of a version 1 record.
 pub const HEARD_UNKNOWN: i64 = i64::MIN;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RecordError {
-    #[error("unknown record version {0} (this geogate reads versions 1 and {VERSION})")]
+    #[error("unknown record version {0} (this geogate reads versions 1 to {VERSION})")]
     Version(u8),
     #[error("record ends early at byte {0}")]
     Truncated(usize),
@@ -60,6 +66,15 @@ pub fn encode(snapshot: &VehicleSnapshot, out: &mut Vec<u8>) {
     put_varint(out, snapshot.window.len() as u64);
     for h in &snapshot.window {
         out.extend_from_slice(&encode_held(h));
+    }
+    put_varint(out, snapshot.fences_version);
+    match snapshot.position {
+        Some((lat, lon)) => {
+            out.push(1);
+            out.extend_from_slice(&lat.to_le_bytes());
+            out.extend_from_slice(&lon.to_le_bytes());
+        }
+        None => out.push(0),
     }
 }
 
@@ -106,7 +121,7 @@ fn read_held(r: &mut Reader<'_>, key: u64) -> Result<HeldFix, RecordError> {
 pub fn decode(bytes: &[u8]) -> Result<VehicleSnapshot, RecordError> {
     let mut r = Reader { bytes, at: 0 };
     let version = r.byte()?;
-    if version != 1 && version != VERSION {
+    if !(1..=VERSION).contains(&version) {
         return Err(RecordError::Version(version));
     }
     let last_fix_ms = r.i64()?;
@@ -128,6 +143,12 @@ pub fn decode(bytes: &[u8]) -> Result<VehicleSnapshot, RecordError> {
         snapshot.window = (0..r.count()?)
             .map(|_| read_held(&mut r, 0))
             .collect::<Result<_, _>>()?;
+    }
+    if version >= 3 {
+        snapshot.fences_version = r.varint()?;
+        if r.byte()? == 1 {
+            snapshot.position = Some((f64::from_bits(r.u64()?), f64::from_bits(r.u64()?)));
+        }
     }
     if r.at != bytes.len() {
         return Err(RecordError::Trailing(bytes.len() - r.at));
@@ -241,9 +262,20 @@ mod tests {
                 ),
                 0..4,
             ),
+            (
+                any::<u64>(),
+                proptest::option::of((-90.0..90.0f64, -180.0..180.0f64)),
+            ),
         )
             .prop_map(
-                |((last_fix_ms, last_heard_ms), last_digests, members, pending, window)| {
+                |(
+                    (last_fix_ms, last_heard_ms),
+                    last_digests,
+                    members,
+                    pending,
+                    window,
+                    (fences_version, position),
+                )| {
                     VehicleSnapshot {
                         last_fix_ms,
                         last_digests,
@@ -264,6 +296,8 @@ mod tests {
                                 key: 0,
                             })
                             .collect(),
+                        position,
+                        fences_version,
                     }
                 },
             )
@@ -305,11 +339,16 @@ mod tests {
             members: vec!["depot-17".into()],
             pending: vec![],
             window: vec![],
+            position: Some((52.52, 13.4)),
+            fences_version: 12,
         };
         let mut bytes = Vec::new();
         encode(&s, &mut bytes);
-        assert_eq!(bytes.len(), 1 + 8 + 8 + 1 + 8 + 1 + 1 + 8 + 1 + 1);
-        assert_eq!(decode(&[3]), Err(RecordError::Version(3)));
+        assert_eq!(
+            bytes.len(),
+            1 + 8 + 8 + 1 + 8 + 1 + 1 + 8 + 1 + 1 + 1 + 1 + 16
+        );
+        assert_eq!(decode(&[4]), Err(RecordError::Version(4)));
         bytes.push(0);
         assert_eq!(decode(&bytes), Err(RecordError::Trailing(1)));
     }
@@ -328,5 +367,24 @@ mod tests {
         assert_eq!(s.last_heard_ms, HEARD_UNKNOWN);
         assert_eq!(s.members, vec![FenceId::from("depot-17")]);
         assert!(s.window.is_empty() && s.last_digests.is_empty());
+    }
+
+    /// A version 2 record (before positions and settled versions) is still
+    /// read: no position, settled as of version 0.
+    #[test]
+    fn reads_version_2() {
+        let s = VehicleSnapshot {
+            last_fix_ms: 1_772_427_600_000,
+            last_heard_ms: 1_772_427_601_000,
+            members: vec!["depot-17".into()],
+            ..VehicleSnapshot::default()
+        };
+        let mut bytes = Vec::new();
+        encode(&s, &mut bytes);
+        // Version 3's tail for no position at version 0: varint 0, then 0.
+        assert_eq!(bytes[bytes.len() - 2..], [0, 0]);
+        bytes.truncate(bytes.len() - 2);
+        bytes[0] = 2;
+        assert_eq!(decode(&bytes), Ok(s));
     }
 }

@@ -12,7 +12,7 @@ use crate::geofence::{
 use crate::model::VehicleId;
 use crate::sampling::SAMPLE_EVERY;
 use crate::state::metrics::{
-    EVALUATION_DURATION_SECONDS, FENCE_TRANSITIONS_BY_FENCE_TOTAL, REORDER_WINDOW_FIXES,
+    DWELLS_DROPPED_TOTAL, EVALUATION_DURATION_SECONDS, FENCE_TRANSITIONS_BY_FENCE_TOTAL, REORDER_WINDOW_FIXES,
     RuleCounters, VEHICLES_EXPIRED_TOTAL,
 };
 use crate::state::{Batch, BoxFuture, Completion, Late, Outcomes, ShardState, Stopped};
@@ -33,6 +33,9 @@ pub struct LocalShard {
     evaluations: u64,
     /// The evaluator's overflow count already reported.
     overflow_seen: u64,
+    dwells_dropped: metrics::Counter,
+    /// The evaluator's dropped dwells already reported.
+    dropped_seen: u64,
     changed: Vec<(VehicleId, Option<VehicleSnapshot>)>,
     /// The evaluator's held-log changes of one batch, before packing.
     held: Vec<HeldChange>,
@@ -57,6 +60,8 @@ impl LocalShard {
             eval_time: metrics::histogram!(EVALUATION_DURATION_SECONDS),
             evaluations: 0,
             overflow_seen: 0,
+            dwells_dropped: metrics::counter!(DWELLS_DROPPED_TOTAL),
+            dropped_seen: 0,
             changed: Vec::new(),
             held: Vec::new(),
         }
@@ -85,6 +90,7 @@ impl LocalShard {
                 outcomes.released += self
                     .evaluator
                     .release_due(fix.received_ms, &mut transitions);
+                self.evaluator.reconcile(fix.received_ms, &mut transitions);
                 self.count(&transitions[before..], &mut outcomes);
             }
             let before = transitions.len();
@@ -114,6 +120,7 @@ impl LocalShard {
         if let Some(watermark) = watermark {
             let before = transitions.len();
             outcomes.released += self.evaluator.release_due(watermark, &mut transitions);
+            self.evaluator.reconcile(watermark, &mut transitions);
             outcomes.expired = self.evaluator.expire_idle(watermark, &mut transitions) as u64;
             self.count(&transitions[before..], &mut outcomes);
             self.expired.increment(outcomes.expired);
@@ -121,6 +128,9 @@ impl LocalShard {
         if outcomes.held > 0 || outcomes.released > 0 {
             self.window_fixes.set(self.evaluator.held_now() as f64);
         }
+        let dropped = self.evaluator.stats().dwells_dropped;
+        self.dwells_dropped.increment(dropped - self.dropped_seen);
+        self.dropped_seen = dropped;
         let overflowed = self.evaluator.stats().membership_overflow;
         self.rules.record(
             outcomes.enters,
@@ -219,6 +229,9 @@ impl ShardState for LocalShard {
             if batch.closing {
                 let before = transitions.len();
                 outcomes.released += self.evaluator.release_all(&mut transitions);
+                if let Some(watermark) = batch.watermark {
+                    self.evaluator.reconcile(watermark, &mut transitions);
+                }
                 self.count(&transitions[before..], &mut outcomes);
                 self.window_fixes.set(0.0);
             }

@@ -11,7 +11,7 @@ use super::commit_log::CommitLog;
 use super::events_stream::EventsStream;
 use super::metrics::{FENCED_WRITES_TOTAL, PARTITION_COMMIT_SECONDS, SNAPSHOTS_TOTAL};
 use super::mirror::Mirror;
-use crate::delivery::outbox::partition_line;
+use crate::delivery::outbox::{FenceProperties, partition_line};
 use crate::state::local::commit::CommitRequest;
 use crate::state::metrics::TRANSITION_LATENCY_SECONDS;
 use bytes::Bytes;
@@ -75,6 +75,8 @@ pub struct PartitionCommitter {
     pub owner: String,
     /// Commits between snapshots.
     pub snapshot_every: u64,
+    /// Which fence properties event lines carry.
+    pub properties: FenceProperties,
     /// Set when the owner stops: an engine error is then not tried again.
     pub stop: watch::Receiver<bool>,
     /// The partition's input stream, whose part a snapshot covers is
@@ -153,7 +155,7 @@ impl PartitionCommitter {
             vehicles.extend(r.vehicles.iter().cloned());
             held.extend_from_slice(&r.held.bytes);
             for t in &r.transitions {
-                lines.extend_from_slice(&partition_line(self.partition, next_seq, t));
+                lines.extend_from_slice(&partition_line(self.partition, next_seq, t, &self.properties));
                 lines.push(b'\n');
                 next_seq += 1;
             }
