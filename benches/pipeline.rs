@@ -212,6 +212,7 @@ impl Pipeline {
                 fences: self.index.clone(),
                 shards,
                 per_fence_labels: false,
+            fence_properties: Default::default(),
                 drain: run.drain.clone(),
             },
         )
@@ -589,7 +590,6 @@ impl SteadyStream {
         let (mut min, mut max) = ((f64::MAX, f64::MAX), (f64::MIN, f64::MIN));
         for (a, b) in index
             .fences()
-            .iter()
             .flat_map(|f| f.parts.iter().flat_map(|p| p.envelopes()))
         {
             min = (min.0.min(a.x), min.1.min(a.y));

@@ -49,7 +49,6 @@ fn area(index: &FenceIndex) -> geo::Rect<f64> {
     };
     for (a, b) in index
         .fences()
-        .iter()
         .flat_map(|f| f.parts.iter().flat_map(|p| p.envelopes()))
     {
         (min.x, min.y) = (min.x.min(a.x), min.y.min(a.y));
@@ -345,6 +344,7 @@ fn run_stream(
                 fences: index.clone(),
                 shards: 1,
                 per_fence_labels: false,
+            fence_properties: Default::default(),
                 drain: Drain::never(),
             },
         )

@@ -65,9 +65,11 @@ fn batch(n: usize, first_seq: u64) -> CommitBatch {
                 event: TransitionKind::Enter,
                 ts: t,
                 cause: None,
+                fence_version: 1,
                 received_ms: t,
+                source: None,
             };
-            OutboxEntry::new(first_seq + k as u64, &transition)
+            OutboxEntry::new(first_seq + k as u64, &transition, &Default::default())
         })
         .collect();
     CommitBatch {

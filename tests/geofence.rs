@@ -497,6 +497,7 @@ mod large_parts {
             parts: vec![part],
             hysteresis_m: None,
             dwell_s: None,
+            ..Fence::default()
         }
     }
 
@@ -531,7 +532,8 @@ mod large_parts {
             ];
             let index = FenceIndex::new(fences);
             let mut probes = Vec::new();
-            let Part::Polygon(large) = &index.fences()[1].parts[0] else {
+            let large_at = index.find("large").expect("built above");
+            let Part::Polygon(large) = &index.fence(large_at).parts[0] else {
                 unreachable!("built as a polygon above");
             };
             for ring in std::iter::once(&large.exterior).chain(&large.holes) {
@@ -798,6 +800,7 @@ fn changed_vehicles_are_listed_for_the_store_and_restore_faithfully() {
         )],
         last_heard_ms: t,
         members: vec![fence.into()],
+        position: Some((0.5, if fence == "a" { 0.6 } else { 2.5 })),
         ..VehicleSnapshot::default()
     };
     assert_eq!(
@@ -850,6 +853,7 @@ fn changed_vehicles_are_listed_for_the_store_and_restore_faithfully() {
         last_fix_ms: 100_000,
         last_digests: vec![Fix::position_digest(100_000, 0.5, 0.5)],
         last_heard_ms: 100_000,
+        position: Some((0.5, 0.5)),
         ..VehicleSnapshot::default()
     };
     assert_eq!(changed, vec![(v, Some(after_reload))]);

@@ -25,6 +25,8 @@ fn snapshot(i: usize) -> VehicleSnapshot {
         last_digests: vec![i as u64 * 0x9e37_79b9_7f4a_7c15],
         last_heard_ms: 1_772_427_600_500 + i as i64,
         window: Vec::new(),
+        position: Some((52.52 + i as f64 * 1e-6, 13.40)),
+        fences_version: 41,
     }
 }
 

@@ -182,11 +182,11 @@ pub fn random_fences(seed: u64, n: usize, big: usize, big_vertices: usize) -> (V
 
 /// The fences as a GeoJSON FeatureCollection (circles as Points with
 /// `radius_m`), for peers and round-trip tests.
-pub fn to_geojson(fences: &[Fence]) -> Value {
+pub fn to_geojson<'a>(fences: impl IntoIterator<Item = &'a Fence>) -> Value {
     let ring =
         |r: &PreparedRing| -> Value { r.coords().iter().map(|c| json!([c.x, c.y])).collect() };
     let features: Vec<Value> = fences
-        .iter()
+        .into_iter()
         .map(|f| {
             let polys: Vec<Value> = f
                 .parts

@@ -27,7 +27,8 @@ pub use evaluator::{
     Transition, TransitionKind, VehicleSnapshot,
 };
 pub use fences::{
-    COORDINATE_NOISE_DEG, Fence, FenceDefect, FenceErrors, FenceSummary, LoadedFences, load_fences,
+    COORDINATE_NOISE_DEG, Fence, FenceDefect, FenceErrors, FenceSource, FenceSummary, LoadedFences,
+    load_fences,
     load_fences_with_warnings, parse_fences, parse_fences_with_warnings, read_fence_file,
     summarize,
 };

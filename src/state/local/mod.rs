@@ -380,6 +380,7 @@ mod tests {
             fences: index(NO_FENCES),
             shards: 1,
             per_fence_labels: false,
+            fence_properties: Default::default(),
             drain: Drain::never(),
         }
     }
