@@ -33,4 +33,4 @@ pub use fences::{
     summarize,
 };
 pub use fingerprint::fingerprint;
-pub use index::{Coverings, FenceIdx, FenceIndex};
+pub use index::{Coverings, FenceChange, FenceIdx, FenceIndex, Tombstone};
