@@ -209,7 +209,7 @@ impl Pipeline {
                 events: Some(self.events_path()),
                 outputs: Default::default(),
                 settings,
-                fences: self.index.clone(),
+                fences: geogate::state::FenceSupply::of(&self.index),
                 shards,
                 per_fence_labels: false,
             fence_properties: Default::default(),

@@ -81,6 +81,7 @@ fn batch(n: usize, first_seq: u64) -> CommitBatch {
         file_cursor: first_seq.saturating_sub(1),
         mqtt_cursor: u64::MAX,
         webhook_cursor: u64::MAX,
+        fences: Vec::new(),
     }
 }
 

@@ -18,8 +18,8 @@ use crate::config::Config;
 use crate::delivery::Outputs;
 use crate::delivery::targets::Targets;
 use crate::geofence::FenceErrors;
-pub use crate::geofence::reload::FenceReloader;
-use crate::geofence::reload::LiveFences;
+pub use crate::geofence::registry::FenceRegistry;
+use crate::geofence::{parse_fences, read_fence_file};
 use crate::pipeline::accounting::{Accounting, Balance};
 use crate::pipeline::metrics::{EVENTS_IN_QUEUE, QUEUE_DEPTH, QUEUE_WATERMARK};
 use crate::pipeline::{decode, shard};
@@ -29,7 +29,7 @@ use crate::sink::dead_letter::{DeadLetterSink, Recovery};
 use crate::source::Completions;
 use crate::source::intake::Intake;
 use crate::source::mqtt::{self, Acker, IntakeControl, LiveConnection, poll::PollTask};
-use crate::state::{OpenContext, StateError};
+use crate::state::{FenceSupply, OpenContext, StateError};
 use rumqttc::AsyncClient;
 use shard::completion::ShardCounters;
 use shard::input::shaper_lane;
@@ -120,18 +120,21 @@ async fn drive_output(mut eventloop: rumqttc::EventLoop) {
 }
 
 /// Runs the service until `shutdown` resolves; returns the final balance.
-/// `on_ready` receives the fence reloader and a view once everything runs.
+/// `on_ready` receives the fence registry and a view once everything runs.
 pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()>,
-    on_ready: impl FnOnce(FenceReloader, PipelineView),
+    on_ready: impl FnOnce(FenceRegistry, PipelineView),
 ) -> Result<Balance, ServiceError> {
     let settings = config.evaluator_settings();
-    let LiveFences {
-        reloader,
-        index: fence_rx,
-        ..
-    } = FenceReloader::load(&config.fences.path, settings)?;
+    let fence_file = match &config.fences.path {
+        Some(path) => {
+            let fences = parse_fences(&read_fence_file(path)?)?;
+            tracing::info!(fences = fences.len(), "fence file read");
+            Some(fences)
+        }
+        None => None,
+    };
 
     let dl = &config.dead_letter;
     let (dead_letter, recovery) = DeadLetterSink::open(&dl.path, dl.rotate_bytes, dl.fsync)
@@ -181,7 +184,6 @@ pub async fn run(
         }
         None => None,
     };
-    let initial_fences = fence_rx.borrow().clone();
     // What an output gives up on goes to the router, which owns the dead
     // letter.
     let (expired_tx, expired_rx) = mpsc::unbounded_channel();
@@ -196,7 +198,10 @@ pub async fn run(
                 dead_letter: Some(expired_tx),
             },
             settings,
-            fences: initial_fences,
+            fences: FenceSupply {
+                source: config.fences.source,
+                file: fence_file,
+            },
             shards: config.pipeline.shard_count(),
             per_fence_labels: config.metrics.per_fence_labels,
             fence_properties: config.events.fence_properties(),
@@ -204,6 +209,20 @@ pub async fn run(
         },
     )
     .await?;
+    let registry = FenceRegistry::new(
+        backend.fences(),
+        backend.fence_journal(),
+        settings,
+        config.fences.source,
+        config.fences.path.clone(),
+    );
+    let fence_rx = registry.subscribe();
+    tracing::info!(
+        fences = registry.current().len(),
+        version = registry.current().version(),
+        source = ?config.fences.source,
+        "fence set live"
+    );
 
     // Intake connection.
     let max_unacked = config.mqtt.max_unacked;
@@ -333,7 +352,7 @@ pub async fn run(
     crate::metrics::register_zero_series(shard_count, config.gate.kind.as_str());
     metrics::gauge!(QUEUE_WATERMARK).set(config.pipeline.watermark);
     let gauges = tokio::spawn(refresh_gauges(view.accounting.clone(), view.queues.clone()));
-    on_ready(reloader, view);
+    on_ready(registry, view);
 
     shutdown.await;
     tracing::info!("shutting down: intake closed, draining");

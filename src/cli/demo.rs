@@ -50,7 +50,7 @@ pub fn bundled() -> Result<Config, DemoError> {
             .map(|_| path.clone())
             .map_err(|e| DemoError::Setup(format!("writing {}: {e}", path.display())))
     };
-    config.fences.path = write("fences.geojson", BUNDLED_FENCES.as_bytes())?;
+    config.fences.path = Some(write("fences.geojson", BUNDLED_FENCES.as_bytes())?);
     config.demo.capture = write("shift-change.ndjson.gz", BUNDLED_CAPTURE)?;
     Ok(config)
 }
@@ -89,7 +89,7 @@ pub async fn run(
     std::fs::create_dir_all(&demo.report_dir)?;
     config.dead_letter.path = demo.report_dir.join("dead-letter.ndjson");
     let events_path = demo.report_dir.join("events.ndjson");
-    let fences_path = config.fences.path.clone();
+    let fences_path = config.fences.path.clone().unwrap_or_default();
     let codec = config.codec.clone();
     config.events.path = Some(events_path.clone());
     for stale in [

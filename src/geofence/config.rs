@@ -5,10 +5,27 @@ use crate::problems::Problems;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+/// Where the fence set comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FencesSource {
+    /// The fence file; SIGHUP reads it again, and the API only reads.
+    #[default]
+    File,
+    /// The state store; the file (if any) seeds an empty store once, and
+    /// the API changes the set.
+    Store,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FencesConfig {
-    pub path: PathBuf,
+    /// The fence file: the set with `source = "file"`, the seed of an
+    /// empty store with `"store"`.
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    #[serde(default)]
+    pub source: FencesSource,
     #[serde(default)]
     pub hysteresis_m: f64,
     #[serde(default)]
@@ -29,6 +46,12 @@ fn default_idle_expiry_s() -> f64 {
 
 impl FencesConfig {
     pub fn check(&self, problems: &mut Problems) {
+        if self.source == FencesSource::File && self.path.is_none() {
+            problems.add(
+                "fences.path",
+                "is required with source = \"file\" (or set source = \"store\" and add fences through the API)",
+            );
+        }
         for (field, v) in [
             ("fences.hysteresis_m", self.hysteresis_m),
             ("fences.dwell_s", self.dwell_s),

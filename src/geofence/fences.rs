@@ -49,6 +49,17 @@ pub struct FenceSource {
 }
 
 impl FenceSource {
+    /// The source of a Feature kept as JSON text (a deleted fence's, in a
+    /// store): its properties as far as the text gives them.
+    pub fn from_json(feature: &str) -> Self {
+        serde_json::from_str::<Value>(feature)
+            .map(|raw| Self::of(&raw))
+            .unwrap_or_else(|_| Self {
+                feature: feature.to_owned(),
+                properties: serde_json::Map::new(),
+            })
+    }
+
     fn of(raw: &Value) -> Self {
         Self {
             feature: raw.to_string(),
@@ -209,7 +220,13 @@ pub fn parse_fences_with_warnings(text: &str) -> Result<LoadedFences, FenceError
         .get("features")
         .and_then(Value::as_array)
         .ok_or_else(|| doc_error("FeatureCollection has no \"features\" array".into()))?;
+    parse_features(features)
+}
 
+/// Validates GeoJSON Features as a FeatureCollection's (`fences check`'s
+/// rules and messages), each defect naming the feature's place in
+/// `features` and its id.
+pub fn parse_features(features: &[Value]) -> Result<LoadedFences, FenceErrors> {
     let mut fences = Vec::with_capacity(features.len());
     let mut defects = Vec::new();
     let mut warnings = Vec::new();

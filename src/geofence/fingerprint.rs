@@ -1,16 +1,23 @@
-//! A fence set's identity: partitioned instances must run the same fences
-//! and settings for a partition to give the same answers whichever of them
-//! owns it, and compare this fingerprint (in their heartbeats) to see
-//! whether they do.
+//! A fence set's identity: instances must run the same fences and settings
+//! to give the same answers, and compare this fingerprint (partitioned
+//! instances in their heartbeats) to see whether they do.
 
-use super::EvaluatorSettings;
-use sha2::{Digest, Sha256};
+use super::{EvaluatorSettings, FenceIndex};
+use xxhash_rust::xxh3::Xxh3;
 
-/// 16 hex digits of SHA-256 over the fence file's text and the settings
-/// that change the rules' answers.
-pub fn fingerprint(fence_text: &str, settings: &EvaluatorSettings) -> String {
-    let mut h = Sha256::new();
-    h.update(fence_text.as_bytes());
+/// 16 hex digits of XXH3 over the live fences' ids and GeoJSON, in id
+/// order, and the settings that change the rules' answers. Two sets with
+/// the same fences agree however they came to hold them (a file, the
+/// API); a set changed in a different order of versions, but to the same
+/// fences, agrees too.
+pub fn fingerprint(set: &FenceIndex, settings: &EvaluatorSettings) -> String {
+    let mut h = Xxh3::new();
+    for fence in set.fences_by_id() {
+        for part in [fence.id.as_bytes(), fence.source.feature.as_bytes()] {
+            h.update(&(part.len() as u64).to_le_bytes());
+            h.update(part);
+        }
+    }
     h.update(
         format!(
             "|{}|{}|{}|{}",
@@ -21,8 +28,5 @@ pub fn fingerprint(fence_text: &str, settings: &EvaluatorSettings) -> String {
         )
         .as_bytes(),
     );
-    h.finalize()[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    format!("{:016x}", h.digest())
 }

@@ -17,7 +17,7 @@ pub mod index;
 mod packed_cells;
 mod position;
 mod prefetch;
-pub mod reload;
+pub mod registry;
 pub mod ring;
 pub mod shape;
 mod vehicle_slots;
@@ -28,7 +28,7 @@ pub use evaluator::{
 };
 pub use fences::{
     COORDINATE_NOISE_DEG, Fence, FenceDefect, FenceErrors, FenceSource, FenceSummary, LoadedFences,
-    load_fences,
+    load_fences, parse_features,
     load_fences_with_warnings, parse_fences, parse_fences_with_warnings, read_fence_file,
     summarize,
 };

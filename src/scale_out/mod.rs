@@ -30,7 +30,8 @@ pub mod status;
 
 use crate::config::Config;
 use crate::delivery::targets::Targets;
-use crate::geofence::reload::{FenceReloader, LiveFences};
+use crate::geofence::registry::FenceRegistry;
+use crate::state::StateError;
 use crate::sink::dead_letter::DeadLetterSink;
 use crate::state::metrics::FENCE_SETS_LIVE;
 use crate::state::partitioned::PartitionError;
@@ -54,6 +55,8 @@ pub enum ScaleOutError {
     Engine(#[from] engine::EngineError),
     #[error("fences: {0}")]
     Fences(#[from] crate::geofence::FenceErrors),
+    #[error("{0}")]
+    State(#[from] StateError),
     #[error("dead letter {path}: {source}")]
     DeadLetter {
         path: String,
@@ -71,17 +74,15 @@ pub enum ScaleOutError {
 pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()>,
-    on_ready: impl FnOnce(FenceReloader),
+    on_ready: impl FnOnce(FenceRegistry),
 ) -> Result<(), ScaleOutError> {
     let pc = &config.state.partitioned;
     let instance = config.mqtt.client_id.clone();
     let term = Duration::from_secs_f64(pc.lease_term_s);
     let settings = config.evaluator_settings();
-    let LiveFences {
-        reloader,
-        index,
-        fingerprint,
-    } = FenceReloader::load(&config.fences.path, settings)?;
+    let path = config.fences.path.as_deref().ok_or(StateError::NoFenceFile)?;
+    let registry = FenceRegistry::from_file(path, settings, crate::clock::receive_now_ms())?;
+    let (index, fingerprint) = (registry.subscribe(), registry.fingerprint());
     let dl = &config.dead_letter;
     let (sink, _) = DeadLetterSink::open(&dl.path, dl.rotate_bytes, dl.fsync)
         .map(|(sink, recovery)| (sink.keeping(dl.rotate_keep), recovery))
@@ -146,7 +147,7 @@ pub async fn run(
         .await
         .map_err(engine::EngineError::JetStream)?;
     tracing::info!(instance, partitions = pc.partitions, "joined the fleet");
-    on_ready(reloader);
+    on_ready(registry);
 
     let mut manager = Manager::new(instance.clone(), pc.partitions, term, leases, ctx);
     let mut tick = tokio::time::interval(term / 3);

@@ -22,6 +22,12 @@ pub enum StateError {
     /// run by [`crate::scale_out`] instead of one fixed set of shards.
     #[error("state: {0}")]
     Unsupported(&'static str),
+    /// The store's fence set no longer passes validation.
+    #[error("the fence set in the state store: {0}")]
+    Fences(#[from] crate::geofence::FenceErrors),
+    /// With `fences.source = "file"`, no fence file was given.
+    #[error("fences.path is required with fences.source = \"file\"")]
+    NoFenceFile,
     /// The webhook's HTTP client could not be built.
     #[error("events.webhook {0}")]
     Webhook(String),

@@ -40,7 +40,9 @@ pub use error::StateError;
 
 use crate::delivery::Outputs;
 use crate::delivery::outbox::FenceProperties;
-use crate::geofence::{EvaluatorSettings, FenceIndex, Fix, VehicleSnapshot};
+use crate::geofence::config::FencesSource;
+use crate::geofence::registry::FenceJournal;
+use crate::geofence::{EvaluatorSettings, Fence, FenceIndex, Fix, VehicleSnapshot};
 use crate::model::VehicleId;
 use crate::shutdown::Drain;
 use std::future::Future;
@@ -161,10 +163,35 @@ pub trait Backend: Send {
         restored: Vec<(VehicleId, VehicleSnapshot)>,
     ) -> Box<dyn ShardState>;
 
+    /// The fence set to run with, settled at start from the store's and
+    /// the file's.
+    fn fences(&self) -> Arc<FenceIndex>;
+
+    /// Where fence changes are made durable, in order with the batches.
+    fn fence_journal(&self) -> Arc<dyn FenceJournal>;
+
     /// Resolves once everything the shards handed over is durable and
     /// delivered, or the drain deadline has passed. Called after every
     /// shard's worker has ended.
     fn finish(self: Box<Self>) -> BoxFuture<'static, ()>;
+}
+
+/// The fence file's part in the set a backend starts with.
+#[derive(Debug, Clone, Default)]
+pub struct FenceSupply {
+    pub source: FencesSource,
+    /// The fence file's fences, when there is a file.
+    pub file: Option<Vec<Fence>>,
+}
+
+impl FenceSupply {
+    /// The fences of `set`, as if read from a file.
+    pub fn of(set: &FenceIndex) -> Self {
+        Self {
+            source: FencesSource::File,
+            file: Some(set.fences().cloned().collect()),
+        }
+    }
 }
 
 /// What a backend needs from the run besides its own settings.
@@ -174,10 +201,10 @@ pub struct OpenContext {
     /// The outputs after the events file.
     pub outputs: Outputs,
     pub settings: EvaluatorSettings,
-    /// The fence set loaded at start: restored memberships of fences no
-    /// longer in it are dropped, and the store told so, before anything
+    /// Where the fence set comes from: with the stored set, the backend
+    /// settles the set to run with ([`Backend::fences`]) before anything
     /// runs.
-    pub fences: Arc<FenceIndex>,
+    pub fences: FenceSupply,
     /// Shards the pipeline runs.
     pub shards: usize,
     /// Label transition counts by fence (opt-in).

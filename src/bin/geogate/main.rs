@@ -528,11 +528,12 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     }
 }
 
-/// Reloads fences on every SIGHUP (listened for since before the start,
-/// for the reason `shutdown_signal` gives: a SIGHUP's default action ends
-/// the process); a bad file keeps the old fences.
+/// Reads the fence file again on every SIGHUP (listened for since before
+/// the start, for the reason `shutdown_signal` gives: a SIGHUP's default
+/// action ends the process); a bad file keeps the old fences. With
+/// `fences.source = "store"` the file is not read again.
 async fn reload_on_sighup(
-    reloader: geogate::geofence::reload::FenceReloader,
+    registry: geogate::geofence::registry::FenceRegistry,
     hangup: std::io::Result<tokio::signal::unix::Signal>,
 ) {
     let Ok(mut hup) = hangup else {
@@ -540,8 +541,14 @@ async fn reload_on_sighup(
         return;
     };
     while hup.recv().await.is_some() {
-        match reloader.reload() {
-            Ok(n) => tracing::info!("fences reloaded: {n} fences"),
+        if registry.source() == geogate::geofence::config::FencesSource::Store {
+            tracing::warn!(
+                "SIGHUP: fences.source = \"store\": the fence file is not read again; change fences through the API"
+            );
+            continue;
+        }
+        match registry.reload(geogate::clock::receive_now_ms()).await {
+            Ok((n, version)) => tracing::info!("fences reloaded: {n} fences, version {version}"),
             Err(e) => tracing::error!("fence reload refused, keeping the old fences: {e}"),
         }
     }

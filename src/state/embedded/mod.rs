@@ -22,12 +22,12 @@ use super::StateError;
 use super::local::held_batch::{self, HeldBatch, HeldBytesError};
 use super::local::record;
 use super::local::store::{
-    CommitBatch, NO_FILE_CURSOR, Opened, Recovered, Store, read_tail, with_held,
+    CommitBatch, NO_FILE_CURSOR, Opened, Recovered, Store, read_tail, with_held, FenceRows, StoredFence, StoredFences,
 };
 use crate::crash_point;
 use crate::delivery::outbox::OutboxEntry;
 use crate::geofence::{HeldChange, HeldFix};
-use crate::model::VehicleId;
+use crate::model::{FenceId, VehicleId};
 use crate::sink::config::FsyncPolicy;
 use crate::state::StateConfig;
 use held_log::{HeldLog, HeldPlan};
@@ -41,6 +41,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+/// Version 6 keeps the fence set (`fence`, a row per live fence with its
+/// version, change time and GeoJSON; `fence_tombstone`, each deleted id's
+/// last deletion; meta `fence_version`, `fence_changed_ms`); opening adds
+/// the tables, empty, to an older file, which then holds no set.
 /// Version 5 records each outbox row's commit time (`committed_ms`), from
 /// which an output's maximum age counts; opening adds the column to an
 /// older file, its rows at 0 (unknown). Version 4 keeps the log of held fixes a row per commit (`held_log`,
@@ -49,13 +53,15 @@ use std::time::Instant;
 /// refuses the file instead of dropping held fixes. Version 2 keeps the
 /// outbox a row per commit ([`outbox_rows`]); version 1 kept a row per
 /// entry, in a table `outbox` that opening moves over.
-const SCHEMA_VERSION: i64 = 5;
+const SCHEMA_VERSION: i64 = 6;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS vehicle (id TEXT PRIMARY KEY, state BLOB NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS held_log (id INTEGER PRIMARY KEY, changes BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS outbox_commit (last_seq INTEGER PRIMARY KEY, first_seq INTEGER NOT NULL, entries BLOB NOT NULL, committed_ms INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS fence (id TEXT PRIMARY KEY, version INTEGER NOT NULL, changed_ms INTEGER NOT NULL, feature TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS fence_tombstone (id TEXT PRIMARY KEY, version INTEGER NOT NULL, at_ms INTEGER NOT NULL, feature TEXT NOT NULL) WITHOUT ROWID;
 ";
 
 /// Takes version 1's table name, so that a geogate from before version 2
@@ -194,6 +200,8 @@ impl EmbeddedStore {
         if config.reset {
             tx.execute_batch(
                 "DELETE FROM vehicle; DELETE FROM held_log; DELETE FROM outbox_commit;
+                 DELETE FROM fence; DELETE FROM fence_tombstone;
+                 DELETE FROM meta WHERE key IN ('fence_version', 'fence_changed_ms');
                  UPDATE meta SET value = 1 WHERE key = 'next_seq';
                  UPDATE meta SET value = 0 WHERE key = 'mqtt_cursor';
                  UPDATE meta SET value = 0 WHERE key = 'webhook_cursor';
@@ -266,6 +274,7 @@ impl EmbeddedStore {
             outbox_first = outbox_first.or(entries.first().map(|e| e.seq));
             outbox_len += entries.len() as u64;
         })?;
+        let fences = self.read_fences().map_err(sql)?;
         Ok(Recovered {
             vehicles,
             outbox_first,
@@ -275,7 +284,45 @@ impl EmbeddedStore {
             webhook_cursor,
             file_cursor,
             created,
+            fences,
         })
+    }
+
+    /// The fence set, if the store was ever given one.
+    fn read_fences(&self) -> rusqlite::Result<Option<StoredFences>> {
+        let meta = |key: &str| {
+            self.conn
+                .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| {
+                    r.get::<_, i64>(0)
+                })
+                .optional()
+        };
+        let Some(version) = meta("fence_version")? else {
+            return Ok(None);
+        };
+        let changed_ms = meta("fence_changed_ms")?.unwrap_or(0);
+        let rows = |table: &str| -> rusqlite::Result<Vec<StoredFence>> {
+            self.conn
+                .prepare(&format!(
+                    "SELECT id, version, {}, feature FROM {table} ORDER BY id",
+                    if table == "fence" { "changed_ms" } else { "at_ms" }
+                ))?
+                .query_map([], |r| {
+                    Ok((
+                        FenceId::from(r.get::<_, String>(0)?),
+                        r.get::<_, i64>(1)?.max(0) as u64,
+                        r.get::<_, i64>(2)?,
+                        r.get::<_, String>(3)?,
+                    ))
+                })?
+                .collect()
+        };
+        Ok(Some(StoredFences {
+            version: version.max(0) as u64,
+            changed_ms,
+            fences: rows("fence")?,
+            tombstones: rows("fence_tombstone")?,
+        }))
     }
 
     /// Replays the log of held fixes, and writes what waits back as one
@@ -346,6 +393,7 @@ impl EmbeddedStore {
                     .execute([through])?;
             }
             append_outbox(&tx, &batch.outbox)?;
+            write_fences(&tx, &batch.fences)?;
             crash_point::reached("commit.inside");
             let mut set = tx.prepare_cached("UPDATE meta SET value = ?2 WHERE key = ?1")?;
             set.execute(params!["next_seq", batch.next_seq as i64])?;
@@ -365,6 +413,32 @@ impl EmbeddedStore {
         }
         tx.commit()
     }
+}
+
+/// Writes fence changes, in order: a put replaces its id's row, a
+/// deletion moves the row to the tombstones.
+fn write_fences(tx: &Transaction, changes: &[FenceRows]) -> rusqlite::Result<()> {
+    for change in changes {
+        let mut put = tx.prepare_cached(
+            "INSERT OR REPLACE INTO fence (id, version, changed_ms, feature) VALUES (?1, ?2, ?3, ?4)",
+        )?;
+        let mut delete = tx.prepare_cached("DELETE FROM fence WHERE id = ?1")?;
+        let mut tombstone = tx.prepare_cached(
+            "INSERT OR REPLACE INTO fence_tombstone (id, version, at_ms, feature) VALUES (?1, ?2, ?3, ?4)",
+        )?;
+        let version = stored(change.version);
+        for (id, feature) in &change.deleted {
+            delete.execute([&**id])?;
+            tombstone.execute(params![&**id, version, change.at_ms, feature])?;
+        }
+        for (id, feature) in &change.put {
+            put.execute(params![&**id, version, change.at_ms, feature])?;
+        }
+        let mut meta = tx.prepare_cached("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)")?;
+        meta.execute(params!["fence_version", version])?;
+        meta.execute(params!["fence_changed_ms", change.at_ms])?;
+    }
+    Ok(())
 }
 
 /// Reads the outbox's rows that hold seqs after `after`, in seq order,

@@ -9,7 +9,7 @@
 //! events file has their lines.
 
 use super::held_batch::HeldBatch;
-use super::store::{CommitBatch, Store, VehicleChange};
+use super::store::{CommitBatch, FenceRows, Store, VehicleChange};
 use crate::clock::receive_now_ms;
 use crate::crash_point;
 use crate::delivery::Cursors;
@@ -111,6 +111,8 @@ pub struct CommitRequest {
     pub fixes: usize,
     /// How far an ordered source was read ([`crate::state::Batch::position`]).
     pub position: Option<SourcePosition>,
+    /// A fence change, committed in order with the batches.
+    pub fences: Option<FenceRows>,
     pub done: Box<dyn Completion>,
 }
 
@@ -222,6 +224,7 @@ impl Committer {
                     received.push(t.received_ms);
                 }
                 messages += request.fixes;
+                batch.fences.extend(request.fences);
                 finished.push((request.done, request.outcomes));
             }
             batch.next_seq = self.next_seq;

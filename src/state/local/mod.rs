@@ -18,13 +18,15 @@ pub mod record;
 pub mod shard;
 pub mod store;
 
-use super::{Backend, BoxFuture, OpenContext, ShardState, StateError};
+use super::{Backend, BoxFuture, Completion, FenceSupply, OpenContext, ShardState, StateError};
 use crate::delivery::publisher::Publisher;
 use crate::delivery::relay::Relay;
 use crate::delivery::webhook::Webhook;
 use crate::delivery::writer::EventsWriter;
 use crate::delivery::{Cursors, events_file};
-use crate::geofence::{Evaluator, EvaluatorSettings, FenceIndex, VehicleSnapshot};
+use crate::geofence::config::FencesSource;
+use crate::geofence::registry::{FenceJournal, JournalError, JournalFuture};
+use crate::geofence::{Evaluator, EvaluatorSettings, FenceChange, FenceIndex, VehicleSnapshot};
 use crate::model::VehicleId;
 use crate::state::StateConfig;
 use commit::{CommitRequest, Committer, MAX_BATCHES_PER_COMMIT};
@@ -33,7 +35,7 @@ use shard::LocalShard;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use store::{CommitBatch, Opened};
+use store::{CommitBatch, FenceRows, Opened, StoredFences};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -45,6 +47,8 @@ pub struct LocalBackend {
     per_fence_labels: bool,
     /// Committed vehicle state, until the pipeline takes it.
     restored: Vec<(VehicleId, VehicleSnapshot)>,
+    /// The fence set settled at start.
+    fences: Arc<FenceIndex>,
     committer: JoinHandle<()>,
     relay: JoinHandle<()>,
     /// The outputs after the file (the publisher, the webhook).
@@ -63,9 +67,16 @@ impl LocalBackend {
         let file_seq = opened.file_seq();
         let Opened {
             mut store,
-            recovered,
+            mut recovered,
             tail,
         } = opened;
+        let stored = recovered
+            .fences
+            .take()
+            .map(StoredFences::into_index)
+            .transpose()?;
+        let (fences, fence_rows) =
+            settle_fences(stored, ctx.fences, crate::clock::receive_now_ms())?;
         let events_error = |path: &std::path::Path, source| StateError::EventsFile {
             path: path.to_owned(),
             source,
@@ -106,7 +117,7 @@ impl LocalBackend {
                     .min(recovered.next_seq.saturating_sub(1))
             }),
         ));
-        let (restored, mut changes) = prune_to_fences(recovered.vehicles, &ctx.fences);
+        let (restored, mut changes) = prune_to_fences(recovered.vehicles, &fences);
         let (mut restored, down_ms) =
             resume_receive_clock(restored, crate::clock::receive_now_ms());
         let (held, from_records) = held_keys::renumber_restored(&mut restored);
@@ -131,7 +142,7 @@ impl LocalBackend {
             let (id, s) = &restored[i];
             changes.push((id.clone(), Some(record_bytes(s))));
         }
-        if durable && !(changes.is_empty() && held.is_empty()) {
+        if durable && !(changes.is_empty() && held.is_empty() && fence_rows.is_none()) {
             tracing::info!(
                 vehicles = changes.len(),
                 held = held.len(),
@@ -146,6 +157,7 @@ impl LocalBackend {
                 file_cursor: cursors.file.load(Relaxed),
                 mqtt_cursor: cursors.mqtt.load(Relaxed),
                 webhook_cursor: cursors.webhook.load(Relaxed),
+                fences: fence_rows.into_iter().collect(),
             })?;
         }
         let (done_tx, done_rx) = std::sync::mpsc::channel();
@@ -226,9 +238,87 @@ impl LocalBackend {
             settings: ctx.settings,
             per_fence_labels: ctx.per_fence_labels,
             restored,
+            fences: Arc::new(fences),
             committer,
             relay,
             senders,
+        })
+    }
+}
+
+/// The fence set to start with, and the change that makes it, if any, for
+/// the start's commit:
+/// * `source = "file"`: the file's fences; what differs from the stored
+///   set is one change, so that exits owed for fences deleted or changed
+///   while geogate was down come from it, dated now;
+/// * `source = "store"`: the stored set; an empty store is seeded from the
+///   file, when there is one.
+fn settle_fences(
+    stored: Option<FenceIndex>,
+    supply: FenceSupply,
+    now_ms: i64,
+) -> Result<(FenceIndex, Option<FenceRows>), StateError> {
+    let seeded = stored.is_some();
+    let base = stored.unwrap_or_else(|| FenceIndex::new(Vec::new()));
+    let wanted = match (supply.source, supply.file) {
+        (FencesSource::File, None) => return Err(StateError::NoFenceFile),
+        (FencesSource::File, Some(file)) => file,
+        (FencesSource::Store, _) if seeded => return Ok((base, None)),
+        (FencesSource::Store, file) => file.unwrap_or_default(),
+    };
+    let version = base.version() + 1;
+    let Some(change) = base.diff(wanted, version, now_ms.max(base.changed_ms())) else {
+        if seeded {
+            return Ok((base, None));
+        }
+        // An empty first set still gets its version, so the store holds one.
+        let empty = FenceChange {
+            version,
+            at_ms: now_ms,
+            ..FenceChange::default()
+        };
+        return Ok((base.apply(empty.clone()), Some(FenceRows::of(&base, &empty))));
+    };
+    let rows = FenceRows::of(&base, &change);
+    Ok((base.apply(change), Some(rows)))
+}
+
+/// Makes fence changes durable through the committer, in order with the
+/// shards' batches.
+struct CommitterJournal {
+    commits: mpsc::Sender<CommitRequest>,
+}
+
+/// Tells the journal that its change is committed.
+struct Committed(tokio::sync::oneshot::Sender<()>);
+
+impl Completion for Committed {
+    fn complete(self: Box<Self>, _: super::Outcomes) {
+        let _ = self.0.send(());
+    }
+}
+
+impl FenceJournal for CommitterJournal {
+    fn record(&self, before: &FenceIndex, change: &FenceChange) -> JournalFuture {
+        let rows = FenceRows::of(before, change);
+        let commits = self.commits.clone();
+        Box::pin(async move {
+            let (done, committed) = tokio::sync::oneshot::channel();
+            let request = CommitRequest {
+                vehicles: Vec::new(),
+                held: HeldBatch::default(),
+                transitions: Vec::new(),
+                outcomes: Default::default(),
+                fixes: 0,
+                position: None,
+                fences: Some(rows),
+                done: Box::new(Committed(done)),
+            };
+            commits
+                .send(request)
+                .await
+                .map_err(|_| JournalError::Stopped)?;
+            committed.await.map_err(|_| JournalError::Stopped)
         })
     }
 }
@@ -244,18 +334,22 @@ fn record_bytes(s: &VehicleSnapshot) -> Vec<u8> {
     bytes
 }
 
-/// Drops the restored memberships and pending dwells of fences no longer
-/// in `fences`, as a reload drops them (without events); returns the
-/// vehicles, and the records of those that changed, for the store.
+/// Drops the restored memberships and pending dwells of fences neither in
+/// `fences` nor deleted on record (a store from before fence sets were
+/// kept, under a fence file edited meanwhile), without events; returns
+/// the vehicles, and the records of those that changed, for the store. A
+/// fence deleted on record keeps its memberships: the evaluator owes them
+/// exits ([`Evaluator::restore`]).
 fn prune_to_fences(
     mut vehicles: Vec<(VehicleId, VehicleSnapshot)>,
     fences: &FenceIndex,
 ) -> (Vec<(VehicleId, VehicleSnapshot)>, Vec<store::VehicleChange>) {
+    let known = |f: &str| fences.find(f).is_some() || fences.tombstone(f).is_some();
     let mut changed = Vec::new();
     for (id, s) in &mut vehicles {
         let before = (s.members.len(), s.pending.len());
-        s.members.retain(|f| fences.find(f).is_some());
-        s.pending.retain(|(f, _)| fences.find(f).is_some());
+        s.members.retain(|f| known(f));
+        s.pending.retain(|(f, _)| known(f));
         if (s.members.len(), s.pending.len()) != before {
             changed.push((id.clone(), Some(record_bytes(s))));
         }
@@ -302,6 +396,16 @@ pub fn resume_receive_clock(
 impl Backend for LocalBackend {
     fn take_restored(&mut self) -> Vec<(VehicleId, VehicleSnapshot)> {
         std::mem::take(&mut self.restored)
+    }
+
+    fn fences(&self) -> Arc<FenceIndex> {
+        self.fences.clone()
+    }
+
+    fn fence_journal(&self) -> Arc<dyn FenceJournal> {
+        Arc::new(CommitterJournal {
+            commits: self.commits.clone(),
+        })
     }
 
     fn shard(
@@ -377,7 +481,7 @@ mod tests {
             events,
             outputs: Default::default(),
             settings,
-            fences: index(NO_FENCES),
+            fences: crate::state::FenceSupply::of(&index(NO_FENCES)),
             shards: 1,
             per_fence_labels: false,
             fence_properties: Default::default(),

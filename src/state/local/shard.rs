@@ -248,6 +248,7 @@ impl ShardState for LocalShard {
                 outcomes,
                 fixes,
                 position: batch.position,
+                fences: None,
                 done,
             };
             self.commits.send(request).await.map_err(|_| Stopped)

@@ -5,8 +5,12 @@
 use super::held_batch::HeldBatch;
 use crate::delivery::events_file::{self, Tail};
 use crate::delivery::outbox::OutboxEntry;
-use crate::geofence::{HeldFix, VehicleSnapshot};
-use crate::model::VehicleId;
+use crate::geofence::{
+    Fence, FenceChange, FenceErrors, FenceIndex, FenceSource, HeldFix, Tombstone,
+    VehicleSnapshot, parse_features,
+};
+use crate::model::{FenceId, VehicleId};
+use std::sync::Arc;
 use crate::state::StateError;
 use std::collections::HashMap;
 use std::path::Path;
@@ -14,6 +18,94 @@ use std::path::Path;
 /// One vehicle's new state, encoded by [`super::record::encode`]; `None`
 /// deletes it (idle expiry).
 pub type VehicleChange = (VehicleId, Option<Vec<u8>>);
+
+/// A fence change as a store keeps it: each fence as its GeoJSON, so
+/// that a restart validates and indexes it again.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FenceRows {
+    pub version: u64,
+    pub at_ms: i64,
+    /// (id, Feature JSON) of each fence put.
+    pub put: Vec<(FenceId, String)>,
+    /// (id, Feature JSON) of each fence deleted: its tombstone keeps it,
+    /// for the properties of exits a restart still owes.
+    pub deleted: Vec<(FenceId, String)>,
+}
+
+impl FenceRows {
+    /// `change`, made to `before`, as rows.
+    pub fn of(before: &FenceIndex, change: &FenceChange) -> Self {
+        Self {
+            version: change.version,
+            at_ms: change.at_ms,
+            put: change
+                .upserts
+                .iter()
+                .map(|f| (f.id.clone(), f.source.feature.clone()))
+                .collect(),
+            deleted: change
+                .deletes
+                .iter()
+                .filter_map(|id| {
+                    let f = before.fence(before.find(id)?);
+                    Some((f.id.clone(), f.source.feature.clone()))
+                })
+                .collect(),
+        }
+    }
+}
+
+/// One stored fence: (id, version, changed_ms, Feature JSON).
+pub type StoredFence = (FenceId, u64, i64, String);
+
+/// The fence set a store holds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StoredFences {
+    pub version: u64,
+    pub changed_ms: i64,
+    pub fences: Vec<StoredFence>,
+    /// Each deleted id's last deletion, its Feature as it was.
+    pub tombstones: Vec<StoredFence>,
+}
+
+impl StoredFences {
+    /// The set as an index, each fence validated again (a store written by
+    /// a geogate with looser rules fails here, naming the fences).
+    pub fn into_index(self) -> Result<FenceIndex, FenceErrors> {
+        let mut features = Vec::with_capacity(self.fences.len());
+        let mut stamps = Vec::with_capacity(self.fences.len());
+        for (id, version, changed_ms, feature) in self.fences {
+            let value = serde_json::from_str(&feature).unwrap_or(serde_json::Value::Null);
+            features.push(value);
+            stamps.push((id, version, changed_ms));
+        }
+        let loaded = parse_features(&features)?;
+        let fences = loaded
+            .fences
+            .into_iter()
+            .zip(stamps)
+            .map(|(fence, (_, version, changed_ms))| Fence {
+                version,
+                changed_ms,
+                ..fence
+            })
+            .collect();
+        let tombstones = self
+            .tombstones
+            .into_iter()
+            .map(|(id, version, at_ms, feature)| {
+                let source = Arc::new(FenceSource::from_json(&feature));
+                (id, Tombstone { version, at_ms, source })
+            })
+            .collect();
+        Ok(FenceIndex::with_tombstones(
+            fences,
+            tombstones,
+            self.version,
+            self.changed_ms,
+        ))
+    }
+}
 
 /// What one transaction writes.
 #[derive(Debug, Default)]
@@ -30,6 +122,8 @@ pub struct CommitBatch {
     pub file_cursor: u64,
     pub mqtt_cursor: u64,
     pub webhook_cursor: u64,
+    /// Fence changes, in version order.
+    pub fences: Vec<FenceRows>,
 }
 
 impl CommitBatch {
@@ -64,6 +158,8 @@ pub struct Recovered {
     pub file_cursor: u64,
     /// The store was created by this start (first run or reset).
     pub created: bool,
+    /// The fence set it holds; `None` when it never held one.
+    pub fences: Option<StoredFences>,
 }
 
 /// [`Recovered::file_cursor`] when no events file's position is known.

@@ -1,0 +1,219 @@
+//! The live fence set: every worker watches it, and a change (from the
+//! API, or the fence file read again on SIGHUP) is made durable through a
+//! [`FenceJournal`], then swapped in, in version order, one at a time.
+//!
+//! Where the set is kept is the state backend's business: the journal is
+//! its handle, so this layer imports nothing above it.
+
+use super::config::FencesSource;
+use super::{
+    EvaluatorSettings, Fence, FenceChange, FenceErrors, FenceIndex, fingerprint, parse_fences,
+    read_fence_file,
+};
+use crate::model::FenceId;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use tokio::sync::{Mutex, watch};
+
+/// A future a journal returns.
+pub type JournalFuture = Pin<Box<dyn Future<Output = Result<(), JournalError>> + Send>>;
+
+/// Where fence changes are made durable before they go live.
+pub trait FenceJournal: Send + Sync {
+    /// Makes `change`, made to `before`, durable; resolves once it is.
+    fn record(&self, before: &FenceIndex, change: &FenceChange) -> JournalFuture;
+}
+
+/// A journal that keeps nothing (the fences live only in this process).
+pub struct NoJournal;
+
+impl FenceJournal for NoJournal {
+    fn record(&self, _: &FenceIndex, _: &FenceChange) -> JournalFuture {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JournalError {
+    #[error("the state store takes no more changes: geogate is stopping")]
+    Stopped,
+}
+
+/// Why a change was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangeError {
+    /// The fences are the file's (`[fences] source = "file"`).
+    #[error("fences come from the fence file here (fences.source = \"file\"): edit the file and send SIGHUP")]
+    ReadOnly,
+    #[error(transparent)]
+    Invalid(#[from] FenceErrors),
+    #[error("no fence {0:?}")]
+    Unknown(FenceId),
+    #[error("fence {0:?} appears twice in one change")]
+    Repeated(FenceId),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+}
+
+/// The live fence set and the one way to change it.
+#[derive(Clone)]
+pub struct FenceRegistry {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    tx: watch::Sender<Arc<FenceIndex>>,
+    fingerprint: watch::Sender<String>,
+    journal: Arc<dyn FenceJournal>,
+    settings: EvaluatorSettings,
+    source: FencesSource,
+    /// The fence file (read again on SIGHUP with `source = "file"`).
+    path: Option<PathBuf>,
+    /// One change at a time: versions are given in the order changes are
+    /// made durable and go live.
+    writing: Mutex<()>,
+}
+
+impl FenceRegistry {
+    pub fn new(
+        live: Arc<FenceIndex>,
+        journal: Arc<dyn FenceJournal>,
+        settings: EvaluatorSettings,
+        source: FencesSource,
+        path: Option<PathBuf>,
+    ) -> Self {
+        let (fingerprint_tx, _) = watch::channel(fingerprint(&live, &settings));
+        let (tx, _) = watch::channel(live);
+        Self {
+            inner: Arc::new(Inner {
+                tx,
+                fingerprint: fingerprint_tx,
+                journal,
+                settings,
+                source,
+                path,
+                writing: Mutex::new(()),
+            }),
+        }
+    }
+
+    /// A set of the fence file's fences, kept in this process only (each
+    /// start reads the file again), at version 1 from `at_ms`.
+    pub fn from_file(
+        path: &std::path::Path,
+        settings: EvaluatorSettings,
+        at_ms: i64,
+    ) -> Result<Self, FenceErrors> {
+        let fences = parse_fences(&read_fence_file(path)?)?;
+        tracing::info!(fences = fences.len(), "fences loaded");
+        let set = FenceIndex::new(Vec::new()).apply(FenceChange {
+            version: 1,
+            at_ms,
+            upserts: fences,
+            deletes: Vec::new(),
+        });
+        Ok(Self::new(
+            Arc::new(set),
+            Arc::new(NoJournal),
+            settings,
+            FencesSource::File,
+            Some(path.to_owned()),
+        ))
+    }
+
+    /// The set live now.
+    pub fn current(&self) -> Arc<FenceIndex> {
+        self.inner.tx.borrow().clone()
+    }
+
+    /// Follows the live set; a worker swaps at its next batch.
+    pub fn subscribe(&self) -> watch::Receiver<Arc<FenceIndex>> {
+        self.inner.tx.subscribe()
+    }
+
+    /// Follows the live set's fingerprint.
+    pub fn fingerprint(&self) -> watch::Receiver<String> {
+        self.inner.fingerprint.subscribe()
+    }
+
+    pub fn source(&self) -> FencesSource {
+        self.inner.source
+    }
+
+    /// Puts `upserts` and deletes `deletes` as one change, all or nothing:
+    /// validated already, made durable, then live. Returns the set it
+    /// made live. `at_ms` is the change's time on the receive clock.
+    pub async fn change(
+        &self,
+        upserts: Vec<Fence>,
+        deletes: Vec<FenceId>,
+        at_ms: i64,
+    ) -> Result<Arc<FenceIndex>, ChangeError> {
+        if self.inner.source == FencesSource::File {
+            return Err(ChangeError::ReadOnly);
+        }
+        self.make(upserts, deletes, at_ms).await
+    }
+
+    async fn make(
+        &self,
+        upserts: Vec<Fence>,
+        deletes: Vec<FenceId>,
+        at_ms: i64,
+    ) -> Result<Arc<FenceIndex>, ChangeError> {
+        let _one_at_a_time = self.inner.writing.lock().await;
+        let before = self.current();
+        let mut seen = std::collections::HashSet::new();
+        for id in upserts.iter().map(|f| &f.id).chain(&deletes) {
+            if !seen.insert(id.clone()) {
+                return Err(ChangeError::Repeated(id.clone()));
+            }
+        }
+        if let Some(id) = deletes.iter().find(|id| before.find(id).is_none()) {
+            return Err(ChangeError::Unknown(id.clone()));
+        }
+        let change = FenceChange {
+            version: before.version() + 1,
+            // Never before the last change: versions and their times rise
+            // together.
+            at_ms: at_ms.max(before.changed_ms()),
+            upserts,
+            deletes,
+        };
+        self.inner.journal.record(&before, &change).await?;
+        let after = Arc::new(before.apply(change));
+        self.publish(after.clone());
+        Ok(after)
+    }
+
+    fn publish(&self, set: Arc<FenceIndex>) {
+        self.inner
+            .fingerprint
+            .send_replace(fingerprint(&set, &self.inner.settings));
+        self.inner.tx.send_replace(set);
+    }
+
+    /// Reads the fence file again and makes what differs one change
+    /// (`source = "file"`; with `"store"` the file only seeded the store).
+    /// Returns the live fence count and the version, or the file's
+    /// defects, the old set staying live.
+    pub async fn reload(&self, at_ms: i64) -> Result<(usize, u64), ChangeError> {
+        let path = match (&self.inner.source, &self.inner.path) {
+            (FencesSource::File, Some(path)) => path,
+            _ => return Err(ChangeError::ReadOnly),
+        };
+        let fences = parse_fences(&read_fence_file(path)?)?;
+        let _one_at_a_time = self.inner.writing.lock().await;
+        let before = self.current();
+        let Some(change) = before.diff(fences, before.version() + 1, at_ms.max(before.changed_ms()))
+        else {
+            return Ok((before.len(), before.version()));
+        };
+        self.inner.journal.record(&before, &change).await?;
+        let after = Arc::new(before.apply(change));
+        self.publish(after.clone());
+        Ok((after.len(), after.version()))
+    }
+}
