@@ -165,6 +165,7 @@ impl Pipeline {
             )),
             sustained_rate: 0.0,
             drain: run.drain.clone(),
+            queries: tokio::sync::mpsc::channel(1).1,
         }
     }
 

@@ -9,6 +9,8 @@
 //! pass rather than one error per restart.
 
 use crate::admission::{GateKind, GateSpec};
+use crate::api::ApiConfig;
+use crate::geofence::config::FencesSource;
 use crate::problems::Problems;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -47,6 +49,9 @@ pub struct Config {
     pub state: StateConfig,
     #[serde(default)]
     pub demo: DemoConfig,
+    /// The HTTP API (fences, vehicle state); off unless the section is
+    /// there.
+    pub api: Option<ApiConfig>,
 }
 
 /// Settings `geogate demo` applies on top of the rest of the file, so that
@@ -159,6 +164,9 @@ impl Config {
             &mut problems,
         );
         self.metrics.check(&mut problems);
+        if let Some(api) = &self.api {
+            api.check(&mut problems);
+        }
         if self.state.backend == StateBackend::Partitioned {
             self.check_partitioned(&mut problems);
         }
@@ -206,6 +214,18 @@ impl Config {
                     ),
                 );
             }
+        }
+        if self.fences.source == FencesSource::Store {
+            problems.add(
+                "fences.source",
+                "\"store\" is not served with backend = \"partitioned\" yet: the fence file is each instance's set",
+            );
+        }
+        if self.api.is_some() {
+            problems.add(
+                "api",
+                "the HTTP API is not served with backend = \"partitioned\" yet: remove [api]",
+            );
         }
         if self.gate.global.is_some() {
             problems.add(

@@ -19,6 +19,7 @@
 //!   [`metrics`], [`redis_link`], [`jetstream_link`], [`runtime`]: shared pieces.
 
 pub mod admission;
+pub mod api;
 pub mod allowance;
 pub mod backoff;
 pub mod broker;

@@ -34,6 +34,7 @@ use rumqttc::AsyncClient;
 use shard::completion::ShardCounters;
 use shard::input::shaper_lane;
 use shard::queue::FillView;
+use shard::vehicle_query::VehicleQueries;
 use shard::{DeadLetterMirror, RefusalCounters, Router, ShardInput, WorkerContext};
 use std::future::Future;
 use std::sync::Arc;
@@ -60,6 +61,8 @@ pub enum ServiceError {
     Config(String),
     #[error("mqtt: {0}")]
     Mqtt(std::io::Error),
+    #[error("api: {0}")]
+    Api(String),
 }
 
 /// A read-only view of a running pipeline, for progress displays.
@@ -107,6 +110,33 @@ async fn refresh_gauges(accounting: Arc<Accounting>, queues: Vec<FillView>) {
             }
         }
     }
+}
+
+/// Binds the API's address (a taken one stops the start) and serves it
+/// until told to stop.
+async fn start_api(
+    config: &crate::api::ApiConfig,
+    registry: FenceRegistry,
+    queries: VehicleQueries,
+) -> Result<(tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>), ServiceError> {
+    let token = config.load_token().map_err(ServiceError::Api)?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| ServiceError::Api(format!("cannot listen on {}: {e}", config.listen)))?;
+    let address = listener.local_addr().unwrap_or(config.listen);
+    tracing::info!(%address, "api listening");
+    let api = crate::api::Api::new(config, &token, registry, Some(queries));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let max_body = config.max_body_bytes;
+    let task = tokio::spawn(async move {
+        let stopped = async {
+            let _ = stopped.await;
+        };
+        if let Err(e) = crate::api::serve(listener, api, max_body, stopped).await {
+            tracing::error!("api: {e}");
+        }
+    });
+    Ok((stop, task))
 }
 
 /// Polls a connection that only publishes (events, dead-letter mirror).
@@ -275,7 +305,8 @@ pub async fn run(
     let mut queues = Vec::with_capacity(shard_count);
     let mut workers = Vec::with_capacity(shard_count);
     let (unapplied_tx, unapplied_rx) = mpsc::unbounded_channel();
-    for shard in 0..shard_count {
+    let (queries, query_rx) = VehicleQueries::channels(shard_count);
+    for (shard, shard_queries) in query_rx.into_iter().enumerate() {
         let (tx, rx) = shard::queue::queue(capacity);
         queues.push(tx.fill_view());
         let gate = config
@@ -309,6 +340,7 @@ pub async fn run(
             )),
             sustained_rate: config.pipeline.sustained_rate,
             drain: drain.clone(),
+            queries: shard_queries,
         };
         workers.push(tokio::spawn(shard::worker(rx, state, ctx)));
     }
@@ -352,9 +384,17 @@ pub async fn run(
     crate::metrics::register_zero_series(shard_count, config.gate.kind.as_str());
     metrics::gauge!(QUEUE_WATERMARK).set(config.pipeline.watermark);
     let gauges = tokio::spawn(refresh_gauges(view.accounting.clone(), view.queues.clone()));
+    let api = match &config.api {
+        Some(api_config) => Some(start_api(api_config, registry.clone(), queries).await?),
+        None => None,
+    };
     on_ready(registry, view);
 
     shutdown.await;
+    if let Some((stop, task)) = api {
+        let _ = stop.send(());
+        let _ = task.await;
+    }
     tracing::info!("shutting down: intake closed, draining");
     control.close();
     let deadline = Instant::now() + Duration::from_secs_f64(config.pipeline.drain_deadline_s);

@@ -94,7 +94,7 @@ fn eval_writes_transitions_skips_bad_lines_and_is_deterministic() {
     assert_eq!(lines.len(), 2, "{events}");
     assert_eq!(
         lines[0],
-        serde_json::json!({"vehicle":"v1","fence":"hospital","event":"enter","ts":1700000010000u64})
+        serde_json::json!({"vehicle":"v1","fence":"hospital","event":"enter","ts":1700000010000u64,"fence_version":1})
     );
     assert_eq!(lines[1]["event"], "exit");
     let report: serde_json::Value = serde_json::from_slice(&raw_report).unwrap();

@@ -390,6 +390,47 @@ pub struct VehicleSnapshot {
     pub fences_version: u64,
 }
 
+/// One vehicle as the state query answers it: what operators ask first
+/// after a restart.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VehicleView {
+    pub vehicle: VehicleId,
+    /// The fences it is in, in id order, with their versions. A fence whose
+    /// deletion's exit is still to come is listed until it comes.
+    pub fences: Vec<FenceIn>,
+    pub pending_dwells: Vec<PendingDwell>,
+    /// The last applied fix.
+    pub last_fix: Option<LastFix>,
+    /// When it was last heard from, on the receive clock (unix ms).
+    pub last_heard_ms: i64,
+    /// Fixes waiting in its reorder window.
+    pub waiting_fixes: usize,
+    /// The fence set version the answer is of.
+    pub fence_set_version: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FenceIn {
+    pub id: FenceId,
+    pub version: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PendingDwell {
+    pub fence: FenceId,
+    /// The first fix of the run that qualifies (unix ms).
+    pub since_ms: i64,
+    /// When a fix will confirm the enter, at the earliest.
+    pub confirms_at_ms: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LastFix {
+    pub ts: i64,
+    pub lat: f64,
+    pub lon: f64,
+}
+
 pub struct Evaluator {
     index: Arc<FenceIndex>,
     settings: EvaluatorSettings,
@@ -504,6 +545,58 @@ impl Evaluator {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// The vehicle's state now, if it is tracked.
+    pub fn view(&self, vehicle: &str) -> Option<VehicleView> {
+        let s = self.vehicles.get(vehicle)?;
+        let index = &self.index;
+        let mut fences: Vec<FenceIn> = s
+            .members
+            .iter()
+            .map(|&f| {
+                let fence = index.fence(f);
+                FenceIn {
+                    id: fence.id.clone(),
+                    version: fence.version,
+                }
+            })
+            .chain(
+                s.stale
+                    .iter()
+                    .filter(|st| st.cause == Cause::FenceDeleted)
+                    .map(|st| FenceIn {
+                        id: st.fence.clone(),
+                        version: st.version,
+                    }),
+            )
+            .collect();
+        fences.sort_by(|a, b| a.id.cmp(&b.id));
+        let pending_dwells = s
+            .pending
+            .iter()
+            .map(|&(f, since_ms)| {
+                let fence = index.fence(f);
+                PendingDwell {
+                    fence: fence.id.clone(),
+                    since_ms,
+                    confirms_at_ms: since_ms.saturating_add(self.settings.dwell_ms_of(fence)),
+                }
+            })
+            .collect();
+        Some(VehicleView {
+            vehicle: vehicle.into(),
+            fences,
+            pending_dwells,
+            last_fix: s.position().map(|p| LastFix {
+                ts: s.last_fix_ms,
+                lat: p.y,
+                lon: p.x,
+            }),
+            last_heard_ms: s.last_heard_ms,
+            waiting_fixes: s.window.len(),
+            fence_set_version: index.version(),
+        })
     }
 
     /// Evaluates one fix delivered for the first time, received at its own

@@ -23,8 +23,8 @@ pub mod shape;
 mod vehicle_slots;
 
 pub use evaluator::{
-    Cause, Evaluator, EvaluatorSettings, EvaluatorStats, Fix, FixOutcome, HeldChange, HeldFix,
-    Transition, TransitionKind, VehicleSnapshot,
+    Cause, Evaluator, EvaluatorSettings, EvaluatorStats, FenceIn, Fix, FixOutcome, HeldChange,
+    HeldFix, LastFix, PendingDwell, Transition, TransitionKind, VehicleSnapshot, VehicleView,
 };
 pub use fences::{
     COORDINATE_NOISE_DEG, Fence, FenceDefect, FenceErrors, FenceSource, FenceSummary, LoadedFences,

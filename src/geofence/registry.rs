@@ -108,14 +108,8 @@ impl FenceRegistry {
     ) -> Result<Self, FenceErrors> {
         let fences = parse_fences(&read_fence_file(path)?)?;
         tracing::info!(fences = fences.len(), "fences loaded");
-        let set = FenceIndex::new(Vec::new()).apply(FenceChange {
-            version: 1,
-            at_ms,
-            upserts: fences,
-            deletes: Vec::new(),
-        });
         Ok(Self::new(
-            Arc::new(set),
+            Arc::new(FenceIndex::first(fences, at_ms)),
             Arc::new(NoJournal),
             settings,
             FencesSource::File,

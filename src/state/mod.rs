@@ -42,7 +42,7 @@ use crate::delivery::Outputs;
 use crate::delivery::outbox::FenceProperties;
 use crate::geofence::config::FencesSource;
 use crate::geofence::registry::FenceJournal;
-use crate::geofence::{EvaluatorSettings, Fence, FenceIndex, Fix, VehicleSnapshot};
+use crate::geofence::{EvaluatorSettings, Fence, FenceIndex, Fix, VehicleSnapshot, VehicleView};
 use crate::model::VehicleId;
 use crate::shutdown::Drain;
 use std::future::Future;
@@ -136,8 +136,19 @@ pub trait Completion: Send {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stopped;
 
+/// A question about one vehicle's state, answered once every batch its
+/// shard took before it is durable and its transitions delivered: the
+/// answer matches the events written so far.
+pub struct VehicleQuery {
+    pub vehicle: VehicleId,
+    pub reply: tokio::sync::oneshot::Sender<Option<VehicleView>>,
+}
+
 /// One shard's state: every batch of that shard goes through it, in order.
 pub trait ShardState: Send {
+    /// Answers `query` in order with the batches.
+    fn query(&mut self, query: VehicleQuery) -> BoxFuture<'_, Result<(), Stopped>>;
+
     /// Applies `batch`; `done` is completed once it is durable (possibly
     /// after this returns, when a later stage makes it so).
     fn apply<'a>(

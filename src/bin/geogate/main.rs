@@ -595,7 +595,7 @@ fn eval(
             return Ok(ExitCode::FAILURE);
         }
     };
-    let index = Arc::new(FenceIndex::new(fences));
+    let index = Arc::new(FenceIndex::first(fences, 0));
     let reader =
         BufReader::new(File::open(&input).with_context(|| format!("opening {}", input.display()))?);
     let writer: Box<dyn Write> = match &out {

@@ -80,6 +80,16 @@ impl FenceIndex {
         )
     }
 
+    /// A set whose first version puts these fences, at `at_ms`.
+    pub fn first(fences: Vec<Fence>, at_ms: i64) -> Self {
+        Self::new(Vec::new()).apply(FenceChange {
+            version: 1,
+            at_ms,
+            upserts: fences,
+            deletes: Vec::new(),
+        })
+    }
+
     /// A set of these fences with the deletions it remembers.
     pub fn with_tombstones(
         fences: Vec<Fence>,

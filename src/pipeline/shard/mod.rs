@@ -12,6 +12,7 @@ pub mod completion;
 pub mod input;
 pub mod queue;
 pub mod router;
+pub mod vehicle_query;
 pub mod worker;
 
 pub use input::ShardInput;

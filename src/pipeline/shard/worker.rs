@@ -9,10 +9,10 @@ use super::queue::QueueReceiver;
 use crate::clock::receive_now_ms;
 use crate::geofence::{FenceIndex, Fix};
 use crate::shutdown::Drain;
-use crate::state::{Batch, ShardState};
+use crate::state::{Batch, ShardState, VehicleQuery};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 /// Most fixes taken from the queue per batch (and so per commit request).
 const BATCH: usize = 256;
@@ -32,6 +32,8 @@ pub struct WorkerContext {
     pub sustained_rate: f64,
     /// Set at shutdown: stop at this instant even if the queue is not empty.
     pub drain: Drain,
+    /// Questions about the shard's vehicles (the state query).
+    pub queries: mpsc::Receiver<VehicleQuery>,
 }
 
 /// Drains one shard into its state until the queue closes, the drain
@@ -54,6 +56,13 @@ pub async fn worker(mut rx: QueueReceiver, mut state: Box<dyn ShardState>, mut c
         // benches/pipeline.rs, per-event parking cost a third of the time.
         tokio::select! {
             biased;
+            // Rare, and answered in order with the batches: first.
+            Some(query) = ctx.queries.recv() => {
+                if state.query(query).await.is_err() {
+                    break;
+                }
+                continue;
+            }
             n = rx.recv_many(&mut batch, batch_limit) => if n == 0 {
                 // A graceful stop: the queue is drained and closed.
                 close(state.as_mut(), &ctx).await;

@@ -284,9 +284,10 @@ fn settle_fences(
 }
 
 /// Makes fence changes durable through the committer, in order with the
-/// shards' batches.
+/// shards' batches. Its sender is weak: the committer ends once the last
+/// shard has gone, whoever still holds the journal.
 struct CommitterJournal {
-    commits: mpsc::Sender<CommitRequest>,
+    commits: mpsc::WeakSender<CommitRequest>,
 }
 
 /// Tells the journal that its change is committed.
@@ -301,8 +302,9 @@ impl Completion for Committed {
 impl FenceJournal for CommitterJournal {
     fn record(&self, before: &FenceIndex, change: &FenceChange) -> JournalFuture {
         let rows = FenceRows::of(before, change);
-        let commits = self.commits.clone();
+        let commits = self.commits.upgrade();
         Box::pin(async move {
+            let commits = commits.ok_or(JournalError::Stopped)?;
             let (done, committed) = tokio::sync::oneshot::channel();
             let request = CommitRequest {
                 vehicles: Vec::new(),
@@ -404,7 +406,7 @@ impl Backend for LocalBackend {
 
     fn fence_journal(&self) -> Arc<dyn FenceJournal> {
         Arc::new(CommitterJournal {
-            commits: self.commits.clone(),
+            commits: self.commits.downgrade(),
         })
     }
 

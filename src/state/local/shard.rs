@@ -8,6 +8,7 @@ use super::record;
 use super::store::VehicleChange;
 use crate::geofence::{
     Evaluator, Fix, FixOutcome, HeldChange, Transition, TransitionKind, VehicleSnapshot,
+    VehicleView,
 };
 use crate::model::VehicleId;
 use crate::sampling::SAMPLE_EVERY;
@@ -15,7 +16,9 @@ use crate::state::metrics::{
     DWELLS_DROPPED_TOTAL, EVALUATION_DURATION_SECONDS, FENCE_TRANSITIONS_BY_FENCE_TOTAL, REORDER_WINDOW_FIXES,
     RuleCounters, VEHICLES_EXPIRED_TOTAL,
 };
-use crate::state::{Batch, BoxFuture, Completion, Late, Outcomes, ShardState, Stopped};
+use crate::state::{
+    Batch, BoxFuture, Completion, Late, Outcomes, ShardState, Stopped, VehicleQuery,
+};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -212,7 +215,37 @@ impl LocalShard {
     }
 }
 
+/// Sends a vehicle's state once the commits before it are written.
+struct Answer {
+    reply: tokio::sync::oneshot::Sender<Option<VehicleView>>,
+    view: Option<VehicleView>,
+}
+
+impl Completion for Answer {
+    fn complete(self: Box<Self>, _: Outcomes) {
+        let _ = self.reply.send(self.view);
+    }
+}
+
 impl ShardState for LocalShard {
+    fn query(&mut self, query: VehicleQuery) -> BoxFuture<'_, Result<(), Stopped>> {
+        let view = self.evaluator.view(&query.vehicle);
+        let request = CommitRequest {
+            vehicles: Vec::new(),
+            held: HeldBatch::default(),
+            transitions: Vec::new(),
+            outcomes: Outcomes::default(),
+            fixes: 0,
+            position: None,
+            fences: None,
+            done: Box::new(Answer {
+                reply: query.reply,
+                view,
+            }),
+        };
+        Box::pin(async move { self.commits.send(request).await.map_err(|_| Stopped) })
+    }
+
     fn apply<'a>(
         &'a mut self,
         batch: Batch<'a>,
