@@ -213,7 +213,7 @@ impl Pipeline {
                 fences: geogate::state::FenceSupply::of(&self.index),
                 shards,
                 per_fence_labels: false,
-            fence_properties: Default::default(),
+                fence_properties: Default::default(),
                 drain: run.drain.clone(),
             },
         )

@@ -344,7 +344,7 @@ fn run_stream(
                 fences: geogate::state::FenceSupply::of(&index),
                 shards: 1,
                 per_fence_labels: false,
-            fence_properties: Default::default(),
+                fence_properties: Default::default(),
                 drain: Drain::never(),
             },
         )

@@ -19,8 +19,8 @@
 //!   [`metrics`], [`redis_link`], [`jetstream_link`], [`runtime`]: shared pieces.
 
 pub mod admission;
-pub mod api;
 pub mod allowance;
+pub mod api;
 pub mod backoff;
 pub mod broker;
 pub mod cli;

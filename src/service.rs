@@ -118,7 +118,13 @@ async fn start_api(
     config: &crate::api::ApiConfig,
     registry: FenceRegistry,
     queries: VehicleQueries,
-) -> Result<(tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>), ServiceError> {
+) -> Result<
+    (
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    ),
+    ServiceError,
+> {
     let token = config.load_token().map_err(ServiceError::Api)?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await

@@ -243,7 +243,10 @@ fn a_changed_fence_exits_only_members_its_new_geometry_lets_go() {
 
 #[test]
 fn a_fence_created_or_widened_under_a_silent_vehicle_waits_for_its_next_fix() {
-    let mut w = World::new(vec![square("a", 0.0, 0.0, 0.1, json!({}))], EvaluatorSettings::default());
+    let mut w = World::new(
+        vec![square("a", 0.0, 0.0, 0.1, json!({}))],
+        EvaluatorSettings::default(),
+    );
     w.fix("v", T0, 0.5, 0.5);
     assert!(w.take().is_empty());
     let at = T0 + 1_000;

@@ -11,10 +11,14 @@ pub async fn get_one(
     State(api): State<Api>,
     Path(id): Path<String>,
 ) -> Result<Json<VehicleView>, ApiError> {
-    let queries = api.inner.vehicles.as_ref().ok_or_else(|| {
-        ApiError::Unavailable("this instance answers no state queries".into())
-    })?;
-    match queries.ask(id.as_str().into(), api.inner.query_timeout).await {
+    let queries =
+        api.inner.vehicles.as_ref().ok_or_else(|| {
+            ApiError::Unavailable("this instance answers no state queries".into())
+        })?;
+    match queries
+        .ask(id.as_str().into(), api.inner.query_timeout)
+        .await
+    {
         Ok(Some(view)) => Ok(Json(view)),
         Ok(None) => Err(ApiError::NotFound(format!(
             "no vehicle {id:?} is tracked (never heard from, or forgotten after the idle expiry)"

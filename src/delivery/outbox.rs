@@ -229,7 +229,10 @@ mod tests {
         let keys = |k: &[&str]| FenceProperties::new(k.iter().map(|s| s.to_string()).collect());
         assert_eq!(line_json(&t, &none()).get("properties"), None);
         let chosen = line_json(&t, &keys(&["site", "absent", "n"]));
-        assert_eq!(chosen["properties"], serde_json::json!({"site": "Hub 4", "n": 7}));
+        assert_eq!(
+            chosen["properties"],
+            serde_json::json!({"site": "Hub 4", "n": 7})
+        );
         assert_eq!(chosen.get("properties_omitted"), None);
         assert_eq!(chosen["fence_version"], 3);
         let all = line_json(&t, &keys(&["*"]));

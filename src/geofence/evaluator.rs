@@ -1148,8 +1148,9 @@ impl Evaluator {
             let ready = |st: &Stale| {
                 st.at_ms <= watermark_ms && first_arrival.is_none_or(|r| r >= st.at_ms)
             };
-            let (mut due, rest): (Vec<Stale>, Vec<Stale>) =
-                std::mem::take(&mut state.stale).into_iter().partition(ready);
+            let (mut due, rest): (Vec<Stale>, Vec<Stale>) = std::mem::take(&mut state.stale)
+                .into_iter()
+                .partition(ready);
             state.stale = rest;
             if !state.stale.is_empty() {
                 waiting.push(vehicle.clone());
@@ -1323,8 +1324,9 @@ fn apply(
         }
     };
     let clear_of_boundary = |f: FenceIdx| settings.clear_of_boundary(index.fence(f), p);
-    let transition =
-        |f: FenceIdx, event| Transition::of(vehicle, index.fence(f), event, fix_ms, fix.received_ms);
+    let transition = |f: FenceIdx, event| {
+        Transition::of(vehicle, index.fence(f), event, fix_ms, fix.received_ms)
+    };
 
     // Exits first.
     let exits_from = out.len();

@@ -28,9 +28,8 @@ pub use evaluator::{
 };
 pub use fences::{
     COORDINATE_NOISE_DEG, Fence, FenceDefect, FenceErrors, FenceSource, FenceSummary, LoadedFences,
-    load_fences, parse_features,
-    load_fences_with_warnings, parse_fences, parse_fences_with_warnings, read_fence_file,
-    summarize,
+    load_fences, load_fences_with_warnings, parse_features, parse_fences,
+    parse_fences_with_warnings, read_fence_file, summarize,
 };
 pub use fingerprint::fingerprint;
 pub use index::{Coverings, FenceChange, FenceIdx, FenceIndex, Tombstone};

@@ -45,7 +45,9 @@ pub enum JournalError {
 #[derive(Debug, thiserror::Error)]
 pub enum ChangeError {
     /// The fences are the file's (`[fences] source = "file"`).
-    #[error("fences come from the fence file here (fences.source = \"file\"): edit the file and send SIGHUP")]
+    #[error(
+        "fences come from the fence file here (fences.source = \"file\"): edit the file and send SIGHUP"
+    )]
     ReadOnly,
     #[error(transparent)]
     Invalid(#[from] FenceErrors),
@@ -177,6 +179,7 @@ impl FenceRegistry {
             deletes,
         };
         self.inner.journal.record(&before, &change).await?;
+        crate::crash_point::reached("fences.committed");
         let after = Arc::new(before.apply(change));
         self.publish(after.clone());
         Ok(after)
@@ -201,7 +204,8 @@ impl FenceRegistry {
         let fences = parse_fences(&read_fence_file(path)?)?;
         let _one_at_a_time = self.inner.writing.lock().await;
         let before = self.current();
-        let Some(change) = before.diff(fences, before.version() + 1, at_ms.max(before.changed_ms()))
+        let Some(change) =
+            before.diff(fences, before.version() + 1, at_ms.max(before.changed_ms()))
         else {
             return Ok((before.len(), before.version()));
         };

@@ -31,8 +31,8 @@ pub mod status;
 use crate::config::Config;
 use crate::delivery::targets::Targets;
 use crate::geofence::registry::FenceRegistry;
-use crate::state::StateError;
 use crate::sink::dead_letter::DeadLetterSink;
+use crate::state::StateError;
 use crate::state::metrics::FENCE_SETS_LIVE;
 use crate::state::partitioned::PartitionError;
 use crate::state::partitioned::lease::Leases;
@@ -80,7 +80,11 @@ pub async fn run(
     let instance = config.mqtt.client_id.clone();
     let term = Duration::from_secs_f64(pc.lease_term_s);
     let settings = config.evaluator_settings();
-    let path = config.fences.path.as_deref().ok_or(StateError::NoFenceFile)?;
+    let path = config
+        .fences
+        .path
+        .as_deref()
+        .ok_or(StateError::NoFenceFile)?;
     let registry = FenceRegistry::from_file(path, settings, crate::clock::receive_now_ms())?;
     let (index, fingerprint) = (registry.subscribe(), registry.fingerprint());
     let dl = &config.dead_letter;

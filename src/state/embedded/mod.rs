@@ -22,7 +22,8 @@ use super::StateError;
 use super::local::held_batch::{self, HeldBatch, HeldBytesError};
 use super::local::record;
 use super::local::store::{
-    CommitBatch, NO_FILE_CURSOR, Opened, Recovered, Store, read_tail, with_held, FenceRows, StoredFence, StoredFences,
+    CommitBatch, FenceRows, NO_FILE_CURSOR, Opened, Recovered, Store, StoredFence, StoredFences,
+    read_tail, with_held,
 };
 use crate::crash_point;
 use crate::delivery::outbox::OutboxEntry;
@@ -305,7 +306,11 @@ impl EmbeddedStore {
             self.conn
                 .prepare(&format!(
                     "SELECT id, version, {}, feature FROM {table} ORDER BY id",
-                    if table == "fence" { "changed_ms" } else { "at_ms" }
+                    if table == "fence" {
+                        "changed_ms"
+                    } else {
+                        "at_ms"
+                    }
                 ))?
                 .query_map([], |r| {
                     Ok((
@@ -433,8 +438,10 @@ fn write_fences(tx: &Transaction, changes: &[FenceRows]) -> rusqlite::Result<()>
         }
         for (id, feature) in &change.put {
             put.execute(params![&**id, version, change.at_ms, feature])?;
+            crash_point::reached("fences.inside");
         }
-        let mut meta = tx.prepare_cached("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)")?;
+        let mut meta =
+            tx.prepare_cached("INSERT OR REPLACE INTO meta (key, value) VALUES (?1, ?2)")?;
         meta.execute(params!["fence_version", version])?;
         meta.execute(params!["fence_changed_ms", change.at_ms])?;
     }

@@ -217,9 +217,10 @@ impl Committer {
                 let mut packed = request.held;
                 batch.held.append(&mut packed);
                 for t in &request.transitions {
-                    batch
-                        .outbox
-                        .push(OutboxEntry::new(self.next_seq, t, &self.properties).committed_at(committed_ms));
+                    batch.outbox.push(
+                        OutboxEntry::new(self.next_seq, t, &self.properties)
+                            .committed_at(committed_ms),
+                    );
                     self.next_seq += 1;
                     received.push(t.received_ms);
                 }

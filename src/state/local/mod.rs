@@ -277,7 +277,10 @@ fn settle_fences(
             at_ms: now_ms,
             ..FenceChange::default()
         };
-        return Ok((base.apply(empty.clone()), Some(FenceRows::of(&base, &empty))));
+        return Ok((
+            base.apply(empty.clone()),
+            Some(FenceRows::of(&base, &empty)),
+        ));
     };
     let rows = FenceRows::of(&base, &change);
     Ok((base.apply(change), Some(rows)))

@@ -13,8 +13,8 @@ use crate::geofence::{
 use crate::model::VehicleId;
 use crate::sampling::SAMPLE_EVERY;
 use crate::state::metrics::{
-    DWELLS_DROPPED_TOTAL, EVALUATION_DURATION_SECONDS, FENCE_TRANSITIONS_BY_FENCE_TOTAL, REORDER_WINDOW_FIXES,
-    RuleCounters, VEHICLES_EXPIRED_TOTAL,
+    DWELLS_DROPPED_TOTAL, EVALUATION_DURATION_SECONDS, FENCE_TRANSITIONS_BY_FENCE_TOTAL,
+    REORDER_WINDOW_FIXES, RuleCounters, VEHICLES_EXPIRED_TOTAL,
 };
 use crate::state::{
     Batch, BoxFuture, Completion, Late, Outcomes, ShardState, Stopped, VehicleQuery,

@@ -6,14 +6,14 @@ use super::held_batch::HeldBatch;
 use crate::delivery::events_file::{self, Tail};
 use crate::delivery::outbox::OutboxEntry;
 use crate::geofence::{
-    Fence, FenceChange, FenceErrors, FenceIndex, FenceSource, HeldFix, Tombstone,
-    VehicleSnapshot, parse_features,
+    Fence, FenceChange, FenceErrors, FenceIndex, FenceSource, HeldFix, Tombstone, VehicleSnapshot,
+    parse_features,
 };
 use crate::model::{FenceId, VehicleId};
-use std::sync::Arc;
 use crate::state::StateError;
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 /// One vehicle's new state, encoded by [`super::record::encode`]; `None`
 /// deletes it (idle expiry).
@@ -95,7 +95,14 @@ impl StoredFences {
             .into_iter()
             .map(|(id, version, at_ms, feature)| {
                 let source = Arc::new(FenceSource::from_json(&feature));
-                (id, Tombstone { version, at_ms, source })
+                (
+                    id,
+                    Tombstone {
+                        version,
+                        at_ms,
+                        source,
+                    },
+                )
             })
             .collect();
         Ok(FenceIndex::with_tombstones(

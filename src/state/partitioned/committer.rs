@@ -155,7 +155,12 @@ impl PartitionCommitter {
             vehicles.extend(r.vehicles.iter().cloned());
             held.extend_from_slice(&r.held.bytes);
             for t in &r.transitions {
-                lines.extend_from_slice(&partition_line(self.partition, next_seq, t, &self.properties));
+                lines.extend_from_slice(&partition_line(
+                    self.partition,
+                    next_seq,
+                    t,
+                    &self.properties,
+                ));
                 lines.push(b'\n');
                 next_seq += 1;
             }
