@@ -272,7 +272,7 @@ fn sighup_swaps_fences_from_that_point_on() {
     let over_mqtt = runtime.spawn(support::geogate::collect(
         port,
         "geogate/events/#",
-        2,
+        3,
         ready_tx,
     ));
     runtime.block_on(ready_rx).expect("collector subscribed");
@@ -296,7 +296,8 @@ fn sighup_swaps_fences_from_that_point_on() {
     .unwrap();
     geogate.sighup();
     geogate.wait_for_log("fence reload refused", 1);
-    // Now replace A by C, which covers the same spot.
+    // Now replace A by C, which covers the same spot: A's deletion exits
+    // h1 at once; C is entered at h1's next fix.
     let moved = support::geogate::FENCES_AB.replace("\"id\":\"A\"", "\"id\":\"C\"");
     std::fs::write(dir.path().join("fences.geojson"), moved).unwrap();
     geogate.sighup();
@@ -323,7 +324,11 @@ fn sighup_swaps_fences_from_that_point_on() {
         .collect();
     assert_eq!(
         events,
-        [("enter".into(), "A".into()), ("enter".into(), "C".into())]
+        [
+            ("enter".into(), "A".into()),
+            ("exit".into(), "A".into()),
+            ("enter".into(), "C".into())
+        ]
     );
     assert_eq!(
         over_mqtt,

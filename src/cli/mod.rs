@@ -5,3 +5,4 @@
 
 pub mod demo;
 pub mod eval;
+pub mod fences_export;

@@ -277,6 +277,15 @@ enum FencesCommand {
     },
     /// Print the demo fences (GeoJSON: polygons, a MultiPolygon, circles).
     Example,
+    /// Write the fence set geogate runs as GeoJSON (from its API when
+    /// `[api]` answers, else from its state file).
+    Export {
+        #[arg(long)]
+        config: PathBuf,
+        /// Write here instead of to stdout.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 fn main() -> Result<ExitCode> {
@@ -284,6 +293,7 @@ fn main() -> Result<ExitCode> {
     let cli = Cli::parse();
     match cli.command {
         Command::Fences(FencesCommand::Check { file, format }) => fences_check(file, format),
+        Command::Fences(FencesCommand::Export { config, out }) => fences_export(config, out),
         Command::Fences(FencesCommand::Example) => {
             print!("{}", geogate::cli::demo::BUNDLED_FENCES);
             Ok(ExitCode::SUCCESS)
@@ -420,6 +430,19 @@ fn fences_check(file: PathBuf, format: Format) -> Result<ExitCode> {
             Ok(ExitCode::FAILURE)
         }
     }
+}
+
+fn fences_export(config: PathBuf, out: Option<PathBuf>) -> Result<ExitCode> {
+    let config = geogate::config::Config::load(&config)?;
+    let (text, version) = geogate::cli::fences_export::export(&config)?;
+    match out {
+        Some(path) => {
+            std::fs::write(&path, text + "\n")?;
+            eprintln!("fence set version {version} written to {}", path.display());
+        }
+        None => println!("{text}"),
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn run(
