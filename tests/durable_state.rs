@@ -363,9 +363,14 @@ fn a_missing_or_held_state_file_refuses_to_start_and_says_why() {
     runtime.block_on(publish_all(broker.port, &fleet(0..4), None));
     geogate.wait_processed((VEHICLES * 4) as f64, 30);
 
-    // Held: a second geogate on the same state file.
+    // Held: a second geogate on the same state file. The first's fixes
+    // leave their reorder windows first, so that its lines stop changing.
     let other = tempfile::tempdir().unwrap();
-    let lines_before = events_of(dir.path()).len();
+    let mut lines_before = usize::MAX;
+    while events_of(dir.path()).len() != lines_before {
+        lines_before = events_of(dir.path()).len();
+        std::thread::sleep(std::time::Duration::from_millis(2_500));
+    }
     let mut second = GeogateProcess::launch_with(
         other.path(),
         &setup(broker.port, "missing-2", ""),

@@ -37,13 +37,13 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
 
     /// Changed fence by fence (upserts of new and existing ids, deletions,
-    /// past the point where the delta is built into a new base), a set
-    /// answers every point as a set built afresh from its live fences, one
-    /// point at a time and in batches.
+    /// up to and past the point where a change builds the delta into a new
+    /// base), a set answers every point as a set built afresh from its live
+    /// fences, one point at a time and in batches, and so does it compacted.
     #[test]
     fn a_changed_set_answers_as_one_built_afresh(
         seed in any::<u64>(),
-        changes in prop::collection::vec((any::<bool>(), 0usize..260), 1..150),
+        changes in prop::collection::vec((any::<bool>(), 0usize..260), 1..300),
     ) {
         let (base, area) = random_fences(seed, 200, 1, 400);
         let (spare, _) = random_fences(seed ^ 0x5eed, 260, 0, 0);
@@ -60,6 +60,9 @@ proptest! {
         }
         let fresh = FenceIndex::new(set.fences().cloned().collect());
         prop_assert_eq!(set.len(), fresh.len());
+        let compacted = set.compacted();
+        prop_assert!(!compacted.needs_compaction());
+        prop_assert_eq!(compacted.version(), set.version());
         let mut rng = SplitMix64::new(seed);
         let points: Vec<Coord<f64>> = (0..400).map(|_| area.random_point(&mut rng)).collect();
         let mut batch = Coverings::default();
@@ -70,6 +73,8 @@ proptest! {
             fresh.containing(*p, &mut b);
             set.containing_linear(*p, &mut linear);
             prop_assert_eq!(ids(&set, &a), ids(&fresh, &b), "at {:?}", p);
+            compacted.containing(*p, &mut b);
+            prop_assert_eq!(ids(&set, &a), ids(&compacted, &b));
             prop_assert_eq!(&a, &linear);
             prop_assert_eq!(batch.of(i), a.as_slice());
         }

@@ -15,6 +15,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::{Mutex, watch};
 
 /// A future a journal returns.
@@ -76,6 +77,8 @@ struct Inner {
     /// One change at a time: versions are given in the order changes are
     /// made durable and go live.
     writing: Mutex<()>,
+    /// A compaction is running.
+    compacting: AtomicBool,
 }
 
 impl FenceRegistry {
@@ -97,6 +100,7 @@ impl FenceRegistry {
                 source,
                 path,
                 writing: Mutex::new(()),
+                compacting: AtomicBool::new(false),
             }),
         }
     }
@@ -150,15 +154,6 @@ impl FenceRegistry {
         if self.inner.source == FencesSource::File {
             return Err(ChangeError::ReadOnly);
         }
-        self.make(upserts, deletes, at_ms).await
-    }
-
-    async fn make(
-        &self,
-        upserts: Vec<Fence>,
-        deletes: Vec<FenceId>,
-        at_ms: i64,
-    ) -> Result<Arc<FenceIndex>, ChangeError> {
         let _one_at_a_time = self.inner.writing.lock().await;
         let before = self.current();
         let mut seen = std::collections::HashSet::new();
@@ -172,13 +167,27 @@ impl FenceRegistry {
         }
         let change = FenceChange {
             version: before.version() + 1,
-            // Never before the last change: versions and their times rise
-            // together.
-            at_ms: at_ms.max(before.changed_ms()),
+            at_ms: Self::time_after(&before, at_ms),
             upserts,
             deletes,
         };
-        self.inner.journal.record(&before, &change).await?;
+        self.commit(&before, change).await
+    }
+
+    /// Never before the last change: versions and their times rise
+    /// together.
+    fn time_after(before: &FenceIndex, at_ms: i64) -> i64 {
+        at_ms.max(before.changed_ms())
+    }
+
+    /// Makes `change` to `before` durable, then live. Called with
+    /// `writing` held.
+    async fn commit(
+        &self,
+        before: &FenceIndex,
+        change: FenceChange,
+    ) -> Result<Arc<FenceIndex>, ChangeError> {
+        self.inner.journal.record(before, &change).await?;
         crate::crash_point::reached("fences.committed");
         let after = Arc::new(before.apply(change));
         self.publish(after.clone());
@@ -189,7 +198,25 @@ impl FenceRegistry {
         self.inner
             .fingerprint
             .send_replace(fingerprint(&set, &self.inner.settings));
-        self.inner.tx.send_replace(set);
+        self.inner.tx.send_replace(set.clone());
+        if set.needs_compaction() && !self.inner.compacting.swap(true, Ordering::AcqRel) {
+            tokio::spawn(self.clone().compact(set));
+        }
+    }
+
+    /// Builds `set`'s fences into a new base off the writer's path (at 10k
+    /// fences a rebuild costs hundreds of times a change), and swaps it in
+    /// unless a change came meanwhile; the next change past the threshold
+    /// tries again.
+    async fn compact(self, set: Arc<FenceIndex>) {
+        let built = tokio::task::spawn_blocking(move || set.compacted()).await;
+        let _one_at_a_time = self.inner.writing.lock().await;
+        if let Ok(compacted) = built
+            && compacted.version() == self.current().version()
+        {
+            self.inner.tx.send_replace(Arc::new(compacted));
+        }
+        self.inner.compacting.store(false, Ordering::Release);
     }
 
     /// Reads the fence file again and makes what differs one change
@@ -204,14 +231,11 @@ impl FenceRegistry {
         let fences = parse_fences(&read_fence_file(path)?)?;
         let _one_at_a_time = self.inner.writing.lock().await;
         let before = self.current();
-        let Some(change) =
-            before.diff(fences, before.version() + 1, at_ms.max(before.changed_ms()))
-        else {
+        let at_ms = Self::time_after(&before, at_ms);
+        let Some(change) = before.diff(fences, before.version() + 1, at_ms) else {
             return Ok((before.len(), before.version()));
         };
-        self.inner.journal.record(&before, &change).await?;
-        let after = Arc::new(before.apply(change));
-        self.publish(after.clone());
+        let after = self.commit(&before, change).await?;
         Ok((after.len(), after.version()))
     }
 }

@@ -2,7 +2,9 @@
 //! index: the base's spatial index stays as it was, the fences changed
 //! since sit in a small index of their own (the delta), and the base's
 //! entries they replace or delete are marked dead. Once the delta grows
-//! past [`compact_after`], the live fences are built into a new base.
+//! past [`compact_after`], the live fences are built into a new base
+//! ([`FenceIndex::compacted`], which the registry runs off the writer's
+//! path), and past four times that by the change itself.
 //!
 //! Positions ([`FenceIdx`]) stay valid while the base stays: the base's
 //! come first, then the delta's, which only grows. A changed fence gets a
@@ -157,7 +159,7 @@ impl FenceIndex {
             delta.push(Arc::new(fence));
         }
         let tombstones = Arc::new(tombstones);
-        if delta.len() > compact_after(self.base.len()) {
+        if delta.len() > 4 * compact_after(self.base.len()) {
             let base_len = self.base.len() as FenceIdx;
             let live = self
                 .base
@@ -184,6 +186,24 @@ impl FenceIndex {
             version: change.version,
             changed_ms: change.at_ms,
         }
+    }
+
+    /// Whether the delta has grown past [`compact_after`].
+    pub fn needs_compaction(&self) -> bool {
+        self.delta
+            .as_ref()
+            .is_some_and(|d| d.len() > compact_after(self.base.len()))
+    }
+
+    /// The same set, version and time, with its live fences built into a
+    /// new base and no delta: new positions, the same answers.
+    pub fn compacted(&self) -> Self {
+        Self::from_parts(
+            self.fences().map(|f| Arc::new(f.clone())).collect(),
+            self.tombstones.clone(),
+            self.version,
+            self.changed_ms,
+        )
     }
 
     /// The change that turns this set into one of `fences` (a fence file
