@@ -79,6 +79,8 @@ struct Inner {
     writing: Mutex<()>,
     /// A compaction is running.
     compacting: AtomicBool,
+    /// The changes made while a compaction runs, applied to its result.
+    since_compaction: std::sync::Mutex<Vec<FenceChange>>,
 }
 
 impl FenceRegistry {
@@ -101,6 +103,7 @@ impl FenceRegistry {
                 path,
                 writing: Mutex::new(()),
                 compacting: AtomicBool::new(false),
+                since_compaction: std::sync::Mutex::new(Vec::new()),
             }),
         }
     }
@@ -189,6 +192,9 @@ impl FenceRegistry {
     ) -> Result<Arc<FenceIndex>, ChangeError> {
         self.inner.journal.record(before, &change).await?;
         crate::crash_point::reached("fences.committed");
+        if self.inner.compacting.load(Ordering::Acquire) {
+            self.since_compaction().push(change.clone());
+        }
         let after = Arc::new(before.apply(change));
         self.publish(after.clone());
         Ok(after)
@@ -205,18 +211,29 @@ impl FenceRegistry {
     }
 
     /// Builds `set`'s fences into a new base off the writer's path (at 10k
-    /// fences a rebuild costs hundreds of times a change), and swaps it in
-    /// unless a change came meanwhile; the next change past the threshold
-    /// tries again.
+    /// fences a rebuild costs hundreds of changes), then, with the changes
+    /// made meanwhile applied to it, swaps it in: the same fences at the
+    /// same version, in new positions.
     async fn compact(self, set: Arc<FenceIndex>) {
         let built = tokio::task::spawn_blocking(move || set.compacted()).await;
         let _one_at_a_time = self.inner.writing.lock().await;
-        if let Ok(compacted) = built
-            && compacted.version() == self.current().version()
-        {
-            self.inner.tx.send_replace(Arc::new(compacted));
+        let meanwhile = std::mem::take(&mut *self.since_compaction());
+        if let Ok(compacted) = built {
+            let caught_up = meanwhile
+                .into_iter()
+                .fold(compacted, |set, change| set.apply(change));
+            if caught_up.version() == self.current().version() {
+                self.inner.tx.send_replace(Arc::new(caught_up));
+            }
         }
         self.inner.compacting.store(false, Ordering::Release);
+    }
+
+    fn since_compaction(&self) -> std::sync::MutexGuard<'_, Vec<FenceChange>> {
+        self.inner
+            .since_compaction
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Reads the fence file again and makes what differs one change
