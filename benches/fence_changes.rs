@@ -74,12 +74,20 @@ fn moved(features: &[Value], i: usize, by: f64) -> Value {
     match f["geometry"]["type"].as_str() {
         Some("Point") => shift(&mut f["geometry"]["coordinates"]),
         Some("Polygon") => {
-            for ring in f["geometry"]["coordinates"].as_array_mut().into_iter().flatten() {
+            for ring in f["geometry"]["coordinates"]
+                .as_array_mut()
+                .into_iter()
+                .flatten()
+            {
                 ring.as_array_mut().into_iter().flatten().for_each(shift);
             }
         }
         _ => {
-            for poly in f["geometry"]["coordinates"].as_array_mut().into_iter().flatten() {
+            for poly in f["geometry"]["coordinates"]
+                .as_array_mut()
+                .into_iter()
+                .flatten()
+            {
                 for ring in poly.as_array_mut().into_iter().flatten() {
                     ring.as_array_mut().into_iter().flatten().for_each(shift);
                 }
@@ -199,7 +207,11 @@ async fn request_round(fences: &[Fence], features: &[Value], round: usize) -> (f
     drop(backend);
     tokio::time::sleep(Duration::from_millis(50)).await;
     let slowest = latencies.iter().copied().fold(0.0, f64::max);
-    (quantile(&mut latencies, 0.5), quantile(&mut latencies, 0.99), slowest)
+    (
+        quantile(&mut latencies, 0.5),
+        quantile(&mut latencies, 0.99),
+        slowest,
+    )
 }
 
 fn main() {

@@ -341,7 +341,7 @@ fn run_stream(
                 events: Some(events.clone()),
                 outputs: Default::default(),
                 settings,
-                fences: geogate::state::FenceSupply::of(&index),
+                fences: geogate::state::FenceSupply::of(index),
                 shards: 1,
                 per_fence_labels: false,
                 fence_properties: Default::default(),

@@ -479,12 +479,15 @@ fn a_fence_reload_then_a_sigkill_keeps_what_the_kept_fences_hold() {
     );
 }
 
+/// (vehicle, fence, event, ts).
+type Transition = (String, String, String, i64);
+
 /// The events checked for gaps, split into the exits fence deletions
 /// caused, as (vehicle, fence, version), and the other transitions.
 fn deletion_exits(
     events: Vec<serde_json::Value>,
     what: &str,
-) -> (Vec<(String, String, u64)>, Vec<(String, String, String, i64)>) {
+) -> (Vec<(String, String, u64)>, Vec<Transition>) {
     assert_seqs_gap_free(&events, what);
     let (deleted, rest): (Vec<_>, Vec<_>) = events
         .into_iter()
