@@ -47,7 +47,7 @@ use super::vehicle_slots::{SlotRef, VehicleSlots};
 use crate::model::{FenceId, VehicleId};
 use geo::Coord;
 use serde::Serialize;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 /// Most digests kept of the fixes applied at one fix time: enough for an
@@ -282,9 +282,6 @@ struct VehicleState {
     /// The last applied fix's position (lat, lon); NaN before any.
     last_lat: f64,
     last_lon: f64,
-    /// Memberships a fence change has put in question, answered once the
-    /// vehicle's input has caught up with the change ([`Evaluator::reconcile`]).
-    stale: Vec<Stale>,
     /// Listed in `changed` since the last [`Evaluator::take_changed`].
     changed: bool,
 }
@@ -306,16 +303,26 @@ impl VehicleState {
             y: self.last_lat,
         })
     }
+}
 
-    /// The fence set version this vehicle's memberships are settled
-    /// against, given the set's: a record says so, so that a restart asks
-    /// again every question still open.
-    fn settled_version(&self, set_version: u64) -> u64 {
-        self.stale
-            .iter()
-            .map(|s| s.version.saturating_sub(1))
-            .fold(set_version, u64::min)
-    }
+/// The fence set version a vehicle with these open questions has its
+/// memberships settled against, given the set's: a record says so, so
+/// that a restart asks again every question still open.
+fn settled_version(questions: Option<&Vec<Stale>>, set_version: u64) -> u64 {
+    questions
+        .into_iter()
+        .flatten()
+        .map(|s| s.version.saturating_sub(1))
+        .fold(set_version, u64::min)
+}
+
+/// The deleted fences among open questions: still listed as the vehicle's
+/// until their exits come.
+fn doomed(questions: Option<&Vec<Stale>>) -> impl Iterator<Item = &Stale> {
+    questions
+        .into_iter()
+        .flatten()
+        .filter(|st| st.cause == Cause::FenceDeleted)
 }
 
 /// A membership a fence change put in question.
@@ -469,9 +476,11 @@ pub struct Evaluator {
     held_log: Vec<HeldChange>,
     /// The key the next held fix gets in the log.
     next_held_key: u64,
-    /// Vehicles with memberships a fence change put in question, in id
-    /// order ([`Self::reconcile`]).
-    reconciling: Vec<VehicleId>,
+    /// Memberships fence changes put in question, by vehicle in id order,
+    /// answered once the vehicle's input has caught up with the change
+    /// ([`Self::reconcile`]). Apart from the vehicles' state, which a
+    /// million vehicles hold: few have a question at any time.
+    questions: BTreeMap<VehicleId, Vec<Stale>>,
 }
 
 impl Evaluator {
@@ -493,7 +502,7 @@ impl Evaluator {
             track_changes: false,
             held_log: Vec::new(),
             next_held_key: 1,
-            reconciling: Vec::new(),
+            questions: BTreeMap::new(),
         }
     }
 
@@ -562,10 +571,7 @@ impl Evaluator {
                 }
             })
             .chain(
-                s.stale
-                    .iter()
-                    .filter(|st| st.cause == Cause::FenceDeleted)
-                    .map(|st| FenceIn {
+                doomed(self.questions.get(vehicle)).map(|st| FenceIn {
                         id: st.fence.clone(),
                         version: st.version,
                     }),
@@ -903,6 +909,9 @@ impl Evaluator {
         });
         expired.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         for (vehicle, idle_at, members) in &expired {
+            // Answered before any expiry can come (an idle vehicle's input
+            // has long caught up); none is kept for a vehicle forgotten.
+            self.questions.remove(vehicle);
             for &m in members {
                 out.push(Transition {
                     cause: Some(Cause::Expired),
@@ -929,15 +938,12 @@ impl Evaluator {
     pub fn take_changed(&mut self, out: &mut Vec<(VehicleId, Option<VehicleSnapshot>)>) {
         for id in self.changed.drain(..) {
             let index = &self.index;
+            let questions = self.questions.get(&id);
             let snapshot = self.vehicles.get_mut(&id).map(|s| {
                 s.changed = false;
                 // A deletion's exit still to come keeps its fence among the
                 // members, so that a restart asks about it again.
-                let doomed = s
-                    .stale
-                    .iter()
-                    .filter(|st| st.cause == Cause::FenceDeleted)
-                    .map(|st| st.fence.clone());
+                let doomed = doomed(questions).map(|st| st.fence.clone());
                 VehicleSnapshot {
                     last_fix_ms: s.last_fix_ms,
                     last_digests: s.last_digests.clone(),
@@ -955,7 +961,7 @@ impl Evaluator {
                         .collect(),
                     window: Vec::new(),
                     position: s.position().map(|p| (p.y, p.x)),
-                    fences_version: s.settled_version(index.version()),
+                    fences_version: settled_version(questions, index.version()),
                 }
             });
             out.push((id, snapshot));
@@ -1032,12 +1038,11 @@ impl Evaluator {
                 window: snapshot.window.iter().copied().collect(),
                 last_lat,
                 last_lon,
-                stale,
                 changed,
             },
         );
         if questioned {
-            self.reconciling.push(vehicle);
+            self.questions.insert(vehicle, stale);
         }
         let window_ms = self.settings.reorder_window_ms.max(0);
         self.due.extend(snapshot.window.iter().map(|h| Due {
@@ -1080,22 +1085,23 @@ impl Evaluator {
             }
         };
         let mut dropped = 0;
+        let mut asked = Vec::new();
         for (id, state) in self.vehicles.iter_mut() {
-            let questioned = state.stale.len();
             let mut members = Vec::with_capacity(state.members.len());
+            let mut questions = Vec::new();
             for &m in &state.members {
                 match standing(m) {
                     Standing::Same(f) => members.push(f),
                     Standing::Changed(f) => {
                         members.push(f);
-                        state.stale.push(Stale::changed(index.fence(f)));
+                        questions.push(Stale::changed(index.fence(f)));
                     }
-                    Standing::Deleted(stale) => state.stale.push(stale),
+                    Standing::Deleted(stale) => questions.push(stale),
                     Standing::Gone => {}
                 }
             }
             members.sort_unstable();
-            let gone = members.len() + state.stale.len() - questioned < state.members.len();
+            let gone = members.len() + questions.len() < state.members.len();
             state.members = members;
             let pending = state.pending.len();
             state.pending.retain_mut(|(f, _)| match standing(*f) {
@@ -1109,16 +1115,17 @@ impl Evaluator {
             // The store must hear of every membership dropped or put in
             // question, or a restart would bring it back unasked.
             let shrank = gone || state.pending.len() < pending;
-            if state.stale.len() > questioned {
-                self.reconciling.push(id.clone());
-            }
-            if self.track_changes && (shrank || state.stale.len() > questioned) && !state.changed {
+            if self.track_changes && (shrank || !questions.is_empty()) && !state.changed {
                 state.changed = true;
                 self.changed.push(id.clone());
             }
+            if !questions.is_empty() {
+                asked.push((id.clone(), questions));
+            }
         }
-        self.reconciling.sort_unstable();
-        self.reconciling.dedup();
+        for (id, questions) in asked {
+            self.questions.entry(id).or_default().extend(questions);
+        }
         self.stats.dwells_dropped += dropped;
     }
 
@@ -1134,13 +1141,13 @@ impl Evaluator {
     /// vehicle's exits come in (time, fence id) order, vehicles in id
     /// order. Returns how many exits it made.
     pub fn reconcile(&mut self, watermark_ms: i64, out: &mut Vec<Transition>) -> usize {
-        if self.reconciling.is_empty() {
+        if self.questions.is_empty() {
             return 0;
         }
         let mut made = 0;
         let (index, settings) = (&self.index, &self.settings);
-        let mut waiting = Vec::new();
-        for vehicle in std::mem::take(&mut self.reconciling) {
+        let mut waiting = BTreeMap::new();
+        for (vehicle, questions) in std::mem::take(&mut self.questions) {
             let Some(state) = self.vehicles.get_mut(&vehicle) else {
                 continue;
             };
@@ -1148,12 +1155,10 @@ impl Evaluator {
             let ready = |st: &Stale| {
                 st.at_ms <= watermark_ms && first_arrival.is_none_or(|r| r >= st.at_ms)
             };
-            let (mut due, rest): (Vec<Stale>, Vec<Stale>) = std::mem::take(&mut state.stale)
-                .into_iter()
-                .partition(ready);
-            state.stale = rest;
-            if !state.stale.is_empty() {
-                waiting.push(vehicle.clone());
+            let (mut due, rest): (Vec<Stale>, Vec<Stale>) =
+                questions.into_iter().partition(ready);
+            if !rest.is_empty() {
+                waiting.insert(vehicle.clone(), rest);
             }
             if due.is_empty() {
                 continue;
@@ -1195,7 +1200,7 @@ impl Evaluator {
                 state.changed = false;
             }
         }
-        self.reconciling = waiting;
+        self.questions = waiting;
         self.stats.exits += made as u64;
         self.stats.change_exits += made as u64;
         made
@@ -1303,12 +1308,10 @@ fn apply(
     };
     let fix_ms = fix.fix_ms;
     stats.evaluated += 1;
+    // A changed fence's open question is answered from here on by this
+    // position: a member it keeps stays, one it exits is gone.
     state.last_lat = fix.lat;
     state.last_lon = fix.lon;
-    // The fix answers for a changed fence's geometry itself.
-    if !state.stale.is_empty() {
-        state.stale.retain(|st| st.cause != Cause::FenceChanged);
-    }
     if fix_ms != state.last_fix_ms {
         state.last_digests.clear();
     }
