@@ -109,33 +109,28 @@ fn apply_round(fences: &[Fence], features: &[Value], round: usize) -> (f64, f64)
     let changes: Vec<Fence> = (0..APPLIED)
         .map(|i| one_fence(&moved(features, i * 37 + round, 1e-5)))
         .collect();
-    let mut set = FenceIndex::first(fences.to_vec(), 0);
-    let mut applied = Vec::with_capacity(APPLIED);
-    for (i, fence) in changes.iter().enumerate() {
-        let change = FenceChange {
-            version: set.version() + 1,
-            at_ms: i as i64,
-            upserts: vec![fence.clone()],
-            deletes: Vec::new(),
-        };
-        let started = Instant::now();
-        set = set.apply(change);
-        applied.push(started.elapsed().as_secs_f64() * 1e6);
-    }
-    let mut set = FenceIndex::first(fences.to_vec(), 0);
-    let mut rebuilt = Vec::with_capacity(REBUILT);
-    for (i, fence) in changes.iter().take(REBUILT).enumerate() {
-        let change = FenceChange {
-            version: set.version() + 1,
-            at_ms: i as i64,
-            upserts: vec![fence.clone()],
-            deletes: Vec::new(),
-        };
-        let started = Instant::now();
-        let live: Vec<Fence> = set.apply(change).fences().cloned().collect();
-        set = FenceIndex::new(live);
-        rebuilt.push(started.elapsed().as_secs_f64() * 1e6);
-    }
+    // µs per change over the first `n` changes, `make` turning a set and
+    // a change into the next set.
+    let timed = |n: usize, make: &dyn Fn(&FenceIndex, FenceChange) -> FenceIndex| {
+        let mut set = FenceIndex::first(fences.to_vec(), 0);
+        let mut times = Vec::with_capacity(n);
+        for (i, fence) in changes.iter().take(n).enumerate() {
+            let change = FenceChange {
+                version: set.version() + 1,
+                at_ms: i as i64,
+                upserts: vec![fence.clone()],
+                deletes: Vec::new(),
+            };
+            let started = Instant::now();
+            set = make(&set, change);
+            times.push(started.elapsed().as_secs_f64() * 1e6);
+        }
+        times
+    };
+    let mut applied = timed(APPLIED, &|set, change| set.apply(change));
+    let mut rebuilt = timed(REBUILT, &|set, change| {
+        FenceIndex::new(set.apply(change).fences().cloned().collect())
+    });
     (median(&mut applied), median(&mut rebuilt))
 }
 

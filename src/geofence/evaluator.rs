@@ -570,12 +570,10 @@ impl Evaluator {
                     version: fence.version,
                 }
             })
-            .chain(
-                doomed(self.questions.get(vehicle)).map(|st| FenceIn {
-                        id: st.fence.clone(),
-                        version: st.version,
-                    }),
-            )
+            .chain(doomed(self.questions.get(vehicle)).map(|st| FenceIn {
+                id: st.fence.clone(),
+                version: st.version,
+            }))
             .collect();
         fences.sort_by(|a, b| a.id.cmp(&b.id));
         let pending_dwells = s
@@ -1155,8 +1153,7 @@ impl Evaluator {
             let ready = |st: &Stale| {
                 st.at_ms <= watermark_ms && first_arrival.is_none_or(|r| r >= st.at_ms)
             };
-            let (mut due, rest): (Vec<Stale>, Vec<Stale>) =
-                questions.into_iter().partition(ready);
+            let (mut due, rest): (Vec<Stale>, Vec<Stale>) = questions.into_iter().partition(ready);
             if !rest.is_empty() {
                 waiting.insert(vehicle.clone(), rest);
             }

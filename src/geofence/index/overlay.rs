@@ -158,48 +158,34 @@ impl FenceIndex {
             fence.changed_ms = change.at_ms;
             delta.push(Arc::new(fence));
         }
-        let tombstones = Arc::new(tombstones);
-        if delta.len() > 4 * compact_after(self.base.len()) {
-            let base_len = self.base.len() as FenceIdx;
-            let live = self
-                .base
-                .fences()
-                .iter()
-                .enumerate()
-                .map(|(i, f)| (i as FenceIdx, f))
-                .chain(
-                    delta
-                        .iter()
-                        .enumerate()
-                        .map(|(i, f)| (base_len + i as FenceIdx, f)),
-                )
-                .filter(|(i, _)| !dead.contains(i))
-                .map(|(_, f)| f.clone())
-                .collect();
-            return Self::from_parts(live, tombstones, change.version, change.at_ms);
-        }
-        Self {
+        let next = Self {
             base: self.base.clone(),
             delta: Some(Arc::new(Spatial::new(delta))),
             dead: Arc::new(dead),
-            tombstones,
+            tombstones: Arc::new(tombstones),
             version: change.version,
             changed_ms: change.at_ms,
+        };
+        if next.delta_len() > 4 * compact_after(next.base.len()) {
+            return next.compacted();
         }
+        next
+    }
+
+    fn delta_len(&self) -> usize {
+        self.delta.as_ref().map_or(0, |d| d.len())
     }
 
     /// Whether the delta has grown past [`compact_after`].
     pub fn needs_compaction(&self) -> bool {
-        self.delta
-            .as_ref()
-            .is_some_and(|d| d.len() > compact_after(self.base.len()))
+        self.delta_len() > compact_after(self.base.len())
     }
 
     /// The same set, version and time, with its live fences built into a
     /// new base and no delta: new positions, the same answers.
     pub fn compacted(&self) -> Self {
         Self::from_parts(
-            self.fences().map(|f| Arc::new(f.clone())).collect(),
+            self.live().cloned().collect(),
             self.tombstones.clone(),
             self.version,
             self.changed_ms,
@@ -266,7 +252,7 @@ impl FenceIndex {
     }
 
     fn positions(&self) -> usize {
-        self.base.len() + self.delta.as_ref().map_or(0, |d| d.len())
+        self.base.len() + self.delta_len()
     }
 
     /// The live fence with this id.
@@ -302,6 +288,10 @@ impl FenceIndex {
 
     /// The live fences, in no particular order.
     pub fn fences(&self) -> impl Iterator<Item = &Fence> {
+        self.live().map(|f| f.as_ref())
+    }
+
+    fn live(&self) -> impl Iterator<Item = &Arc<Fence>> {
         let base_len = self.base.len() as FenceIdx;
         let delta = self.delta.as_deref().map(Spatial::fences).unwrap_or(&[]);
         self.base
@@ -316,7 +306,7 @@ impl FenceIndex {
                     .map(move |(i, f)| (base_len + i as FenceIdx, f)),
             )
             .filter(|(i, _)| !self.dead.contains(i))
-            .map(|(_, f)| f.as_ref())
+            .map(|(_, f)| f)
     }
 
     /// The live fences in id order.
