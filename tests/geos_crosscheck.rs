@@ -85,18 +85,23 @@ fn containment_matches_geos_on_100k_points() {
     assert!(status.success(), "geos_check.py failed");
     let geos = std::fs::read_to_string(&out_path).expect("read GEOS output");
 
+    // GEOS names fences by their place in the file; the index by its own
+    // positions (in id order).
+    let ids: Vec<_> = fences.iter().map(|f| f.id.clone()).collect();
     let index = FenceIndex::new(fences);
+    let position = |j: usize| index.find(&ids[j]).expect("every fence is indexed");
     let mut ours = Vec::new();
     let (mut compared, mut excluded, mut hits) = (0, 0, 0);
     for (i, (p, line)) in points.iter().zip(geos.lines()).enumerate() {
-        let theirs: Vec<u32> = line
+        let mut theirs: Vec<u32> = line
             .split_whitespace()
-            .map(|s| s.parse().expect("index"))
+            .map(|s| position(s.parse().expect("index")))
             .collect();
+        theirs.sort_unstable();
         index.containing(*p, &mut ours);
         if i >= vertices_from {
             // On a vertex: compared, never excused as "near an edge".
-            let fence = (i - vertices_from) as u32;
+            let fence = position(i - vertices_from);
             assert!(
                 ours.contains(&fence) && theirs.contains(&fence),
                 "vertex of fence {fence} at {p:?}: geogate {ours:?} vs GEOS {theirs:?}"
