@@ -426,3 +426,36 @@ fn a_snapshot_carries_what_the_state_query_needs() {
     };
     assert_eq!(changed, vec![("v".into(), Some(expected))]);
 }
+
+/// A vehicle forgotten while a deletion's exit is still owed (the
+/// watermark behind the change, as in a backlog) leaves the fence once:
+/// by expiry when it went idle first, else by the deletion.
+#[test]
+fn a_vehicle_forgotten_with_a_deletion_owed_leaves_once() {
+    for (deleted_at, cause, ts) in [
+        (T0 + 120_000, Cause::Expired, T0 + 60_000),
+        (T0 + 30_000, Cause::FenceDeleted, T0 + 30_000),
+    ] {
+        let settings = EvaluatorSettings {
+            idle_expiry_ms: 60_000,
+            ..EvaluatorSettings::default()
+        };
+        let mut w = World::new(yard(), settings);
+        w.fix("v", T0, 0.5, 0.5);
+        w.take();
+        let version = w.change(deleted_at, vec![], &["a"]);
+        // Not caught up with the deletion when the first is after the
+        // expiry; then the sweep forgets v.
+        w.ev.reconcile(T0 + 20_000, &mut w.out);
+        assert_eq!(w.ev.expire_now(T0 + 70_000, &mut w.out), 1);
+        w.ev.reconcile(T0 + 200_000, &mut w.out);
+        let out = w.take();
+        let a: Vec<_> = out.iter().filter(|e| e.1 == "a").cloned().collect();
+        assert_eq!(
+            a,
+            vec![t("v", "a", Exit, ts, Some(cause), version)],
+            "{out:?}"
+        );
+        assert_eq!(out.len(), 3, "b and c by expiry too: {out:?}");
+    }
+}

@@ -906,12 +906,11 @@ impl Evaluator {
             keep
         });
         expired.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let mut exits = 0;
         for (vehicle, idle_at, members) in &expired {
-            // Answered before any expiry can come (an idle vehicle's input
-            // has long caught up); none is kept for a vehicle forgotten.
-            self.questions.remove(vehicle);
-            for &m in members {
-                out.push(Transition {
+            let mut leaving: Vec<Transition> = members
+                .iter()
+                .map(|&m| Transition {
                     cause: Some(Cause::Expired),
                     ..Transition::of(
                         vehicle,
@@ -920,10 +919,35 @@ impl Evaluator {
                         *idle_at,
                         *idle_at,
                     )
+                })
+                .collect();
+            // A deletion's exit still owed (the watermark had not reached
+            // the change): the vehicle leaves by whichever came first.
+            let owed = self.questions.remove(vehicle).unwrap_or_default();
+            for st in owed
+                .into_iter()
+                .filter(|st| st.cause == Cause::FenceDeleted)
+            {
+                let (ts, cause) = if *idle_at < st.at_ms {
+                    (*idle_at, Cause::Expired)
+                } else {
+                    (st.at_ms, Cause::FenceDeleted)
+                };
+                leaving.push(Transition {
+                    vehicle: vehicle.clone(),
+                    fence: st.fence,
+                    event: TransitionKind::Exit,
+                    ts,
+                    cause: Some(cause),
+                    fence_version: st.version,
+                    received_ms: ts,
+                    source: Some(st.source),
                 });
             }
+            leaving.sort_by(|a, b| (a.ts, &a.fence).cmp(&(b.ts, &b.fence)));
+            exits += leaving.len();
+            out.append(&mut leaving);
         }
-        let exits: usize = expired.iter().map(|(_, _, m)| m.len()).sum();
         self.stats.exits += exits as u64;
         self.stats.expired += expired.len() as u64;
         expired.len()
@@ -1122,7 +1146,14 @@ impl Evaluator {
             }
         }
         for (id, questions) in asked {
-            self.questions.entry(id).or_default().extend(questions);
+            let open = self.questions.entry(id).or_default();
+            // A later change of a fence supersedes an open question about
+            // its earlier change: answered as of the latest, as a restart
+            // would answer it.
+            open.retain(|q| {
+                q.cause != Cause::FenceChanged || questions.iter().all(|n| n.fence != q.fence)
+            });
+            open.extend(questions);
         }
         self.stats.dwells_dropped += dropped;
     }
