@@ -213,6 +213,13 @@ impl Spatial {
     /// without duplicates. Reusing `out` keeps the hot path allocation-free.
     pub(crate) fn containing(&self, p: Coord<f64>, out: &mut Vec<FenceIdx>) {
         out.clear();
+        self.append_containing(p, out);
+    }
+
+    /// [`Self::containing`], appended to what `out` holds (the fences a
+    /// layered set's base found, before its delta's).
+    pub(crate) fn append_containing(&self, p: Coord<f64>, out: &mut Vec<FenceIdx>) {
+        let start = out.len();
         let point = PointBox::new(p.x, p.y);
         for layer in self.layers() {
             layer.each(&point, layer.listed(p), |candidate| {
@@ -221,7 +228,7 @@ impl Spatial {
                 }
             });
         }
-        sort_dedup_from(out, 0);
+        sort_dedup_from(out, start);
     }
 
     /// The small parts' layer, then the large parts'.

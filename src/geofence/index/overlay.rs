@@ -328,20 +328,17 @@ impl FenceIndex {
         if self.delta.is_none() && self.dead.is_empty() {
             return;
         }
-        out.retain(|i| !self.dead.contains(i));
+        // No scratch per query: the delta's fences go straight after the
+        // base's, renumbered, and the dead go from both.
         if let Some(delta) = &self.delta {
             let start = out.len();
             let base_len = self.base.len() as FenceIdx;
-            let mut found = Vec::new();
-            delta.containing(p, &mut found);
-            out.extend(
-                found
-                    .into_iter()
-                    .map(|i| base_len + i)
-                    .filter(|i| !self.dead.contains(i)),
-            );
-            debug_assert!(out[start..].is_sorted());
+            delta.append_containing(p, out);
+            for f in &mut out[start..] {
+                *f += base_len;
+            }
         }
+        out.retain(|i| !self.dead.contains(i));
     }
 
     /// [`Self::containing`] for many points (see
